@@ -1,0 +1,203 @@
+#include "post.h"
+
+#include <sys/random.h>
+
+#include <cassert>
+#include <cerrno>
+#include <cstring>
+
+#include "segment_format.h"
+
+namespace postspool {
+namespace {
+
+flatbuffers::Offset<flatbuffers::String> OptString(flatbuffers::FlatBufferBuilder* b,
+                                                    const std::optional<std::string>& s) {
+  return s ? b->CreateString(*s) : 0;
+}
+
+std::optional<std::string> OptString(const flatbuffers::String* s) {
+  if (s == nullptr) return std::nullopt;
+  return s->str();
+}
+
+template <typename T>
+std::optional<T> OptScalar(flatbuffers::Optional<T> v) {
+  if (!v.has_value()) return std::nullopt;
+  return *v;
+}
+
+Status CheckLength(std::string_view field, size_t bytes, size_t max) {
+  if (bytes <= max) return Status::Ok();
+  return Status(StatusCode::kInvalidArgument, std::string(field) + " is " +
+                                                  std::to_string(bytes) + " bytes, above the " +
+                                                  std::to_string(max) + "-byte limit");
+}
+
+Status CheckPath(std::string_view field, const std::string& s) {
+  if (s.find('\0') != std::string::npos) {
+    return Status(StatusCode::kInvalidArgument, std::string(field) + " contains a NUL byte");
+  }
+  return CheckLength(field, s.size(), kPathBytesMax);
+}
+
+}  // namespace
+
+PostId NewPostId() {
+  unsigned char b[16];
+  size_t got = 0;
+  while (got < sizeof b) {
+    const ssize_t n = ::getrandom(b + got, sizeof b - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+    else assert(errno == EINTR);
+  }
+  b[6] = static_cast<unsigned char>((b[6] & 0x0f) | 0x40);  // version 4
+  b[8] = static_cast<unsigned char>((b[8] & 0x3f) | 0x80);  // RFC 4122 variant
+  PostId id;
+  for (int i = 0; i < 8; ++i) {
+    id.hi = (id.hi << 8) | b[i];
+    id.lo = (id.lo << 8) | b[8 + i];
+  }
+  return id;
+}
+
+Status ValidatePost(const PostData& p) {
+  if (p.base_url.empty()) return Status(StatusCode::kInvalidArgument, "base_url is empty");
+  if (p.rel_path.empty()) return Status(StatusCode::kInvalidArgument, "rel_path is empty");
+  if (Status s = CheckLength("base_url", p.base_url.size(), kBaseUrlBytesMax); !s.ok()) return s;
+  if (Status s = CheckPath("rel_path", p.rel_path); !s.ok()) return s;
+  for (const auto& [name, field] :
+       {std::pair{"retrieve_path", &p.retrieve_path}, std::pair{"link", &p.link},
+        std::pair{"hlink", &p.hlink}, std::pair{"rename", &p.rename},
+        std::pair{"origin_host", &p.origin_host}}) {
+    if (*field) {
+      if (Status s = CheckPath(name, **field); !s.ok()) return s;
+    }
+  }
+  if (Status s = CheckLength("identity value", p.identity_value.size(), kIdentityBytesMax);
+      !s.ok()) {
+    return s;
+  }
+  if (p.extras.size() > kExtrasMax) {
+    return Status(StatusCode::kInvalidArgument, std::to_string(p.extras.size()) +
+                                                    " extra fields, above the limit of " +
+                                                    std::to_string(kExtrasMax));
+  }
+  for (const auto& [key, value] : p.extras) {
+    if (key.empty()) return Status(StatusCode::kInvalidArgument, "extra field with an empty key");
+    if (Status s = CheckLength("extra field " + key, key.size() + value.size(), kExtraBytesMax);
+        !s.ok()) {
+      return s;
+    }
+  }
+  // The limits above keep the worst case well inside one record.
+  static_assert(kBaseUrlBytesMax + 6 * kPathBytesMax + kIdentityBytesMax +
+                    kExtrasMax * (kExtraBytesMax + 64) + 1024 <
+                segment::kRecordPayloadMax);
+  return Status::Ok();
+}
+
+void BuildPost(const PostData& p, flatbuffers::FlatBufferBuilder* b) {
+  b->Clear();
+  const auto base_url = b->CreateString(p.base_url);
+  const auto rel_path = b->CreateString(p.rel_path);
+  const auto retrieve_path = OptString(b, p.retrieve_path);
+  flatbuffers::Offset<fb::FileOp> file_op = 0;
+  if (p.link || p.hlink || p.rename || p.remove || p.directory) {
+    const auto link = OptString(b, p.link);
+    const auto hlink = OptString(b, p.hlink);
+    const auto rename = OptString(b, p.rename);
+    file_op = fb::CreateFileOp(*b, link, hlink, rename, p.remove, p.directory);
+  }
+  flatbuffers::Offset<fb::Identity> identity = 0;
+  if (p.identity_method != fb::IdentityMethod::None) {
+    const auto value = b->CreateVector(
+        reinterpret_cast<const uint8_t*>(p.identity_value.data()), p.identity_value.size());
+    identity = fb::CreateIdentity(*b, p.identity_method, value);
+  }
+  flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::Extra>>> extras = 0;
+  if (!p.extras.empty()) {
+    std::vector<flatbuffers::Offset<fb::Extra>> v;
+    v.reserve(p.extras.size());
+    for (const auto& [key, value] : p.extras) {
+      const auto k = b->CreateString(key);
+      const auto val = b->CreateString(value);
+      v.push_back(fb::CreateExtra(*b, k, val));
+    }
+    extras = b->CreateVector(v);
+  }
+  flatbuffers::Offset<fb::Origin> origin = 0;
+  if (p.origin_uid || p.origin_gid || p.origin_pid || p.origin_host) {
+    const auto host = OptString(b, p.origin_host);
+    fb::OriginBuilder ob(*b);
+    if (p.origin_uid) ob.add_uid(*p.origin_uid);
+    if (p.origin_gid) ob.add_gid(*p.origin_gid);
+    if (p.origin_pid) ob.add_pid(*p.origin_pid);
+    ob.add_host(host);
+    origin = ob.Finish();
+  }
+  const fb::PostId id(p.id.hi, p.id.lo);
+  fb::PostBuilder pb(*b);
+  pb.add_id(&id);
+  pb.add_pub_time_ns(p.pub_time_ns);
+  pb.add_base_url(base_url);
+  pb.add_rel_path(rel_path);
+  pb.add_retrieve_path(retrieve_path);
+  pb.add_file_op(file_op);
+  pb.add_identity(identity);
+  if (p.size) pb.add_size(*p.size);
+  if (p.mode) pb.add_mode(*p.mode);
+  if (p.mtime_ns) pb.add_mtime_ns(*p.mtime_ns);
+  if (p.atime_ns) pb.add_atime_ns(*p.atime_ns);
+  pb.add_extras(extras);
+  pb.add_origin(origin);
+  b->Finish(pb.Finish(), fb::PostIdentifier());
+}
+
+PostData ReadPost(const fb::Post& post) {
+  PostData p;
+  p.id = PostId{post.id()->hi(), post.id()->lo()};
+  p.pub_time_ns = post.pub_time_ns();
+  p.base_url = post.base_url()->str();
+  p.rel_path = post.rel_path()->str();
+  p.retrieve_path = OptString(post.retrieve_path());
+  if (const fb::FileOp* op = post.file_op()) {
+    p.link = OptString(op->link());
+    p.hlink = OptString(op->hlink());
+    p.rename = OptString(op->rename());
+    p.remove = op->remove();
+    p.directory = op->directory();
+  }
+  if (const fb::Identity* identity = post.identity()) {
+    p.identity_method = identity->method();
+    if (identity->value()) {
+      p.identity_value.assign(reinterpret_cast<const char*>(identity->value()->data()),
+                              identity->value()->size());
+    }
+  }
+  p.size = OptScalar(post.size());
+  p.mode = OptScalar(post.mode());
+  p.mtime_ns = OptScalar(post.mtime_ns());
+  p.atime_ns = OptScalar(post.atime_ns());
+  if (post.extras()) {
+    for (const fb::Extra* e : *post.extras()) p.extras.emplace_back(e->key()->str(), e->value()->str());
+  }
+  if (const fb::Origin* o = post.origin()) {
+    p.origin_uid = OptScalar(o->uid());
+    p.origin_gid = OptScalar(o->gid());
+    p.origin_pid = OptScalar(o->pid());
+    p.origin_host = OptString(o->host());
+  }
+  return p;
+}
+
+bool VerifyPostPayload(std::span<const std::byte> payload) {
+  if (payload.size() < 8 || payload.size() > segment::kRecordPayloadMax) return false;
+  // Depth and table counts far above what BuildPost produces, far below
+  // what could make verification slow.
+  flatbuffers::Verifier verifier(reinterpret_cast<const uint8_t*>(payload.data()),
+                                 payload.size(), /*max_depth=*/16, /*max_tables=*/1024);
+  return fb::VerifyPostBuffer(verifier);
+}
+
+}  // namespace postspool

@@ -1,0 +1,149 @@
+// SegmentReader: yields the valid records of one segment, in file order.
+//
+// Contract (FORMAT.md, "Reading"):
+//  - a torn tail (bytes after the last valid record that no valid record
+//    follows) is the end of data; it is not reported as damage, only
+//    measured (torn_tail_bytes());
+//  - damage in the middle is skipped by resynchronising to the next valid
+//    record on the 8-byte grid, and every skipped byte range is reported to
+//    on_skip with a reason;
+//  - every payload passes the payload verifier (the FlatBuffers verifier for
+//    a Post, by default) before it is handed out;
+//  - memory is bounded (one window of a few hundred KiB) and the work is
+//    bounded (scan_bytes_max), whatever the input.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "segment_format.h"
+#include "status.h"
+
+namespace postspool::segment {
+
+// Random-access bytes of one segment.
+class Source {
+ public:
+  virtual ~Source() = default;
+  // The number of bytes the reader may look at (a snapshot: bytes appended
+  // later are not read).
+  virtual uint64_t size() const = 0;
+  // Reads up to out.size() bytes at `offset`; *got is smaller only at the end.
+  virtual Status ReadAt(uint64_t offset, std::span<std::byte> out, size_t* got) = 0;
+};
+
+// Reads a file through pread. The descriptor is borrowed and must remain open
+// while the source is used; its size is taken once, at Open.
+class FileSource final : public Source {
+ public:
+  static Status Open(int fd, std::unique_ptr<FileSource>* out);
+  uint64_t size() const override { return size_; }
+  Status ReadAt(uint64_t offset, std::span<std::byte> out, size_t* got) override;
+
+ private:
+  FileSource(int fd, uint64_t size) : fd_(fd), size_(size) {}
+  int fd_;
+  uint64_t size_;
+};
+
+// Reads bytes in memory, which must outlive the source.
+class MemorySource final : public Source {
+ public:
+  explicit MemorySource(std::span<const std::byte> bytes) : bytes_(bytes) {}
+  uint64_t size() const override { return bytes_.size(); }
+  Status ReadAt(uint64_t offset, std::span<std::byte> out, size_t* got) override;
+
+ private:
+  std::span<const std::byte> bytes_;
+};
+
+enum class SkipReason {
+  kBadMarker,           // bytes where a record should start are not a record
+  kBadLength,           // a record header claims more than the payload maximum
+  kTruncated,           // a record header claims more bytes than follow it
+  kChecksumMismatch,    // a record's bytes do not match its checksum
+  kInvalidPayload,      // the framing is intact but the payload fails the verifier
+  kScanBudgetExhausted, // resynchronisation work exceeded scan_bytes_max
+};
+const char* SkipReasonName(SkipReason reason);
+
+struct Position {
+  uint64_t segment_id = 0;
+  uint64_t offset = 0;  // of the record's first byte in the segment file
+  friend bool operator==(const Position&, const Position&) = default;
+};
+
+struct Record {
+  Position position;
+  // Valid until the next call to Next(). 8-byte aligned.
+  std::span<const std::byte> payload;
+  uint64_t next_offset = 0;  // offset just past this record
+};
+
+using PayloadVerifier = bool (*)(std::span<const std::byte> payload);
+
+struct ReaderOptions {
+  // Required: checks a payload before it is handed out (VerifyPostPayload).
+  PayloadVerifier verify_payload = nullptr;
+  // Called once for every skipped byte range, in file order.
+  std::function<void(uint64_t offset, uint64_t bytes, SkipReason reason)> on_skip;
+  // Where to start; 0 means the first record after the header. Must be on the
+  // 8-byte grid and not inside the header.
+  uint64_t start_offset = 0;
+  uint32_t payload_max = kRecordPayloadMax;
+  // Upper bound on the bytes hashed while checking records; 0 means
+  // 2 * size + 64 MiB, which valid data never reaches.
+  uint64_t scan_bytes_max = 0;
+};
+
+class SegmentReader {
+ public:
+  // Reads and checks the header. `source` must outlive the reader.
+  // kCorruption for a damaged or truncated header, kUnsupported for a newer
+  // format version: the whole file is unreadable and should be quarantined.
+  static Status Open(Source* source, ReaderOptions options,
+                     std::unique_ptr<SegmentReader>* out);
+
+  enum class Result { kRecord, kEnd, kIoError };
+  // The next valid record, or kEnd, or kIoError (see io_status()).
+  Result Next(Record* record);
+
+  const Header& header() const { return header_; }
+  const Status& io_status() const { return io_status_; }
+  // Offset just past the last valid record read so far.
+  uint64_t data_end() const { return data_end_; }
+  // After kEnd: bytes after the last valid record that no record follows.
+  uint64_t torn_tail_bytes() const { return torn_tail_bytes_; }
+  uint64_t skipped_bytes() const { return skipped_bytes_; }
+
+ private:
+  SegmentReader(Source* source, ReaderOptions options, Header header);
+  // Up to `n` bytes at `offset` (fewer at the end of data), through the window.
+  Status Fetch(uint64_t offset, size_t n, std::span<const std::byte>* out);
+  // Checks the record framing at `offset`, charging the scan budget.
+  Status Check(uint64_t offset, FrameCheck* check, uint32_t* payload_bytes);
+  void Skip(uint64_t offset, uint64_t bytes, SkipReason reason);
+  // Damage starts at pos_: finds the next valid record and reports the gap,
+  // or takes the rest as the torn tail.
+  Result Resync(FrameCheck first_failure);
+
+  Source* source_;
+  ReaderOptions options_;
+  Header header_;
+  uint64_t size_;
+  uint64_t pos_;
+  uint64_t data_end_;
+  uint64_t scan_bytes_ = 0;
+  uint64_t torn_tail_bytes_ = 0;
+  uint64_t skipped_bytes_ = 0;
+  bool done_ = false;
+  Status io_status_;
+  std::vector<std::byte> window_;
+  uint64_t window_offset_ = 0;
+  size_t window_bytes_ = 0;
+};
+
+}  // namespace postspool::segment
