@@ -193,10 +193,16 @@ PostData ReadPost(const fb::Post& post) {
 
 bool VerifyPostPayload(std::span<const std::byte> payload) {
   if (payload.size() < 8 || payload.size() > segment::kRecordPayloadMax) return false;
-  // Depth and table counts far above what BuildPost produces, far below
-  // what could make verification slow.
+  // FlatBuffers checks alignment relative to the buffer start; scalars are
+  // then read in place, so the buffer itself must be aligned too.
+  if (reinterpret_cast<uintptr_t>(payload.data()) % alignof(uint64_t) != 0) return false;
+  flatbuffers::Verifier::Options options;
+  // Far above what BuildPost produces, far below what could make
+  // verification slow.
+  options.max_depth = 16;
+  options.max_tables = 1024;
   flatbuffers::Verifier verifier(reinterpret_cast<const uint8_t*>(payload.data()),
-                                 payload.size(), /*max_depth=*/16, /*max_tables=*/1024);
+                                 payload.size(), options);
   return fb::VerifyPostBuffer(verifier);
 }
 

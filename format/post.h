@@ -76,7 +76,8 @@ PostData ReadPost(const fb::Post& post);
 
 // The payload verifier for records that carry a Post: the FlatBuffers
 // verifier (with the file identifier) plus the required fields. Never reads
-// outside `payload`.
+// outside `payload`. The payload must be 8-byte aligned in memory (records
+// from SegmentReader are); a misaligned one is rejected.
 bool VerifyPostPayload(std::span<const std::byte> payload);
 
 // The Post in a payload that VerifyPostPayload accepted.

@@ -73,7 +73,7 @@ Status SegmentReader::Open(Source* source, ReaderOptions options,
   Header header;
   if (Status s = DecodeHeader(raw, &header); !s.ok()) return s;
   if (options.start_offset == 0) options.start_offset = kHeaderBytes;
-  if (options.start_offset < kHeaderBytes || options.start_offset % kRecordAlign != 0) {
+  if (options.start_offset < kHeaderBytes) {
     return Status(StatusCode::kInvalidArgument,
                   "start offset " + std::to_string(options.start_offset) +
                       " is not a record boundary");
@@ -155,6 +155,9 @@ SegmentReader::Result SegmentReader::Next(Record* record) {
     }
     const uint64_t at = pos_;
     const uint64_t next = at + RecordBytes(len);
+    if ((at - window_offset_) % kRecordAlign != 0) {
+      window_bytes_ = 0;  // refill at `at`, so that the payload is aligned in memory
+    }
     std::span<const std::byte> bytes;
     if (Status s = Fetch(at, RecordBytes(len), &bytes); !s.ok()) {
       io_status_ = std::move(s);
@@ -177,7 +180,10 @@ SegmentReader::Result SegmentReader::Next(Record* record) {
 
 SegmentReader::Result SegmentReader::Resync(FrameCheck first_failure) {
   const uint64_t damaged = pos_;
-  for (uint64_t q = damaged + kRecordAlign; q + kRecordHeaderBytes <= size_; q += kRecordAlign) {
+  // Every byte offset, not only the 8-byte grid: a failed (short) append
+  // leaves a partial record of any length, and the records other writers
+  // appended after it are then off the grid.
+  for (uint64_t q = damaged + 1; q + kRecordHeaderBytes <= size_; ++q) {
     if (scan_bytes_ > options_.scan_bytes_max) {
       Skip(damaged, size_ - damaged, SkipReason::kScanBudgetExhausted);
       pos_ = size_;

@@ -5,8 +5,8 @@
 //    follows) is the end of data; it is not reported as damage, only
 //    measured (torn_tail_bytes());
 //  - damage in the middle is skipped by resynchronising to the next valid
-//    record on the 8-byte grid, and every skipped byte range is reported to
-//    on_skip with a reason;
+//    record (searched at every byte offset), and every skipped byte range is
+//    reported to on_skip with a reason;
 //  - every payload passes the payload verifier (the FlatBuffers verifier for
 //    a Post, by default) before it is handed out;
 //  - memory is bounded (one window of a few hundred KiB) and the work is
@@ -78,7 +78,7 @@ struct Position {
 
 struct Record {
   Position position;
-  // Valid until the next call to Next(). 8-byte aligned.
+  // Valid until the next call to Next(). 8-byte aligned in memory.
   std::span<const std::byte> payload;
   uint64_t next_offset = 0;  // offset just past this record
 };
@@ -90,8 +90,8 @@ struct ReaderOptions {
   PayloadVerifier verify_payload = nullptr;
   // Called once for every skipped byte range, in file order.
   std::function<void(uint64_t offset, uint64_t bytes, SkipReason reason)> on_skip;
-  // Where to start; 0 means the first record after the header. Must be on the
-  // 8-byte grid and not inside the header.
+  // Where to start (a record boundary, such as a Record::next_offset); 0
+  // means the first record after the header.
   uint64_t start_offset = 0;
   uint32_t payload_max = kRecordPayloadMax;
   // Upper bound on the bytes hashed while checking records; 0 means

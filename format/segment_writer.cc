@@ -303,11 +303,18 @@ Status SegmentAppender::Append(std::span<const std::byte> records, Deadline dead
       // A forked child must not share its parent's open file description:
       // flock locks belong to it, and the child's unlock would drop the
       // parent's lock.
-      fd_.release();  // the parent's descriptor stays open in the parent
+      fd_.reset();  // closes only the child's copy; the parent's lock is unaffected
       if (Status s = OpenCurrent(); !s.ok()) return s;
     }
-    struct stat st;
+    struct stat st, named;
     if (::fstat(fd_.get(), &st) != 0) return Status::FromErrno(errno, "stat spool segment");
+    if (::fstatat(dirfd_, current_name_.c_str(), &named, AT_SYMLINK_NOFOLLOW) != 0 ||
+        !SameFile(st, named)) {
+      // The daemon renamed it away and is about to seal it: move on now, so
+      // that the seal's exclusive lock is not starved by our appends.
+      fd_.reset();
+      continue;
+    }
     if (static_cast<uint64_t>(st.st_size) > kHeaderBytes &&
         static_cast<uint64_t>(st.st_size) + records.size() > options_.segment_bytes_max) {
       if (Status s = RollOver(deadline); !s.ok() && s.code() != StatusCode::kTimedOut) return s;

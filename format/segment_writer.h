@@ -67,8 +67,9 @@ std::optional<SpoolName> ParseSpoolName(std::string_view name);
 uint64_t NewSegmentId();
 
 // Appends records to the uid's current spool segment, following the writer
-// side of the protocol: open or create <uid>.current; on kSealed reopen it
-// (the daemon renamed it away before sealing it); when it would exceed
+// side of the protocol: open or create <uid>.current; when the open segment
+// is no longer the one under that name, or is sealed, reopen the name (the
+// daemon renames a segment away before sealing it); when it would exceed
 // segment_bytes_max, rename it to its sealed name, seal it, and start a new
 // one. Not thread-safe: callers serialise. Fork-safe: a child process never
 // reuses its parent's descriptor.
@@ -88,6 +89,8 @@ class SegmentAppender {
 
   // The segment the last successful Append wrote to (0 before any).
   uint64_t segment_id() const { return segment_id_; }
+  // The open descriptor (-1 if none), for diagnostics and tests.
+  int descriptor() const { return fd_.get(); }
 
  private:
   Status OpenCurrent();

@@ -1,0 +1,161 @@
+// Helpers shared by the format tests: temporary directories and posts.
+#pragma once
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "flatbuffers/flatbuffers.h"
+#include "post.h"
+#include "segment_format.h"
+#include "segment_reader.h"
+#include "unique_fd.h"
+
+namespace postspool::testing {
+
+// The seed of a randomised test: $POSTSPOOL_TEST_SEED when set, else random.
+// Tests print it (SCOPED_TRACE) so that a failure can be re-run.
+inline uint64_t TestSeed() {
+  if (const char* s = std::getenv("POSTSPOOL_TEST_SEED")) return std::strtoull(s, nullptr, 10);
+  return std::random_device{}();
+}
+
+// A fresh directory under $TMPDIR (or /tmp), removed with its files at the end.
+class TempDir {
+ public:
+  TempDir() {
+    const char* base = std::getenv("TMPDIR");
+    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/postspool-test-XXXXXX";
+    path_ = ::mkdtemp(tmpl.data()) ? tmpl : std::string();
+    fd_.reset(::open(path_.c_str(), O_DIRECTORY | O_RDONLY | O_CLOEXEC));
+  }
+  ~TempDir() {
+    if (DIR* d = ::opendir(path_.c_str())) {
+      while (dirent* e = ::readdir(d)) {
+        const std::string name = e->d_name;
+        if (name != "." && name != "..") ::unlink((path_ + "/" + name).c_str());
+      }
+      ::closedir(d);
+    }
+    ::rmdir(path_.c_str());
+  }
+  const std::string& path() const { return path_; }
+  int fd() const { return fd_.get(); }
+  std::string File(const std::string& name) const { return path_ + "/" + name; }
+  std::vector<std::string> List() const {
+    std::vector<std::string> names;
+    if (DIR* d = ::opendir(path_.c_str())) {
+      while (dirent* e = ::readdir(d)) {
+        const std::string name = e->d_name;
+        if (name != "." && name != "..") names.push_back(name);
+      }
+      ::closedir(d);
+    }
+    return names;
+  }
+
+ private:
+  std::string path_;
+  UniqueFd fd_;
+};
+
+// A post whose id and path encode (writer, seq), padded to about `bytes`.
+inline PostData NumberedPost(uint64_t writer, uint64_t seq, size_t bytes = 200) {
+  PostData p;
+  p.id = PostId{writer, seq};
+  p.pub_time_ns = 1700000000000000000 + static_cast<int64_t>(seq);
+  p.base_url = "file:/";
+  p.rel_path = "data/w" + std::to_string(writer) + "/f" + std::to_string(seq);
+  p.size = static_cast<int64_t>(seq);
+  if (bytes > 150) p.extras.emplace_back("pad", std::string(bytes - 150, 'x'));
+  return p;
+}
+
+inline std::vector<std::byte> PostPayload(const PostData& post) {
+  flatbuffers::FlatBufferBuilder b;
+  BuildPost(post, &b);
+  auto span = b.GetBufferSpan();
+  std::vector<std::byte> out(span.size());
+  std::memcpy(out.data(), span.data(), span.size());
+  return out;
+}
+
+// A whole segment in memory: header, then one record per post. Offsets of
+// the records are appended to *offsets when given.
+inline std::vector<std::byte> SegmentBytes(const std::vector<PostData>& posts,
+                                           std::vector<uint64_t>* offsets = nullptr,
+                                           uint64_t segment_id = 42) {
+  std::vector<std::byte> out(segment::kHeaderBytes);
+  segment::Header h = segment::NewHeader(segment_id);
+  segment::EncodeHeader(h, std::span<std::byte, segment::kHeaderBytes>(out.data(),
+                                                                       segment::kHeaderBytes));
+  for (const PostData& p : posts) {
+    if (offsets) offsets->push_back(out.size());
+    if (!segment::AppendRecord(PostPayload(p), &out).ok()) std::abort();
+  }
+  return out;
+}
+
+struct ReadResult {
+  std::vector<PostData> posts;
+  std::vector<uint64_t> offsets;
+  struct Skip {
+    uint64_t offset;
+    uint64_t bytes;
+    segment::SkipReason reason;
+  };
+  std::vector<Skip> skips;
+  uint64_t torn_tail_bytes = 0;
+  Status open_status;
+  bool io_error = false;
+};
+
+inline ReadResult ReadAll(segment::Source* source, segment::ReaderOptions options = {}) {
+  ReadResult r;
+  options.verify_payload = VerifyPostPayload;
+  options.on_skip = [&r](uint64_t off, uint64_t n, segment::SkipReason why) {
+    r.skips.push_back({off, n, why});
+  };
+  std::unique_ptr<segment::SegmentReader> reader;
+  r.open_status = segment::SegmentReader::Open(source, options, &reader);
+  if (!r.open_status.ok()) return r;
+  segment::Record rec;
+  for (;;) {
+    const auto res = reader->Next(&rec);
+    if (res == segment::SegmentReader::Result::kEnd) break;
+    if (res == segment::SegmentReader::Result::kIoError) {
+      r.io_error = true;
+      break;
+    }
+    r.posts.push_back(ReadPost(PostFromPayload(rec.payload)));
+    r.offsets.push_back(rec.position.offset);
+  }
+  r.torn_tail_bytes = reader->torn_tail_bytes();
+  return r;
+}
+
+inline ReadResult ReadAll(std::span<const std::byte> bytes, segment::ReaderOptions options = {}) {
+  segment::MemorySource source(bytes);
+  return ReadAll(&source, std::move(options));
+}
+
+inline ReadResult ReadFile(const std::string& path, segment::ReaderOptions options = {}) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  std::unique_ptr<segment::FileSource> source;
+  if (!fd.valid() || !segment::FileSource::Open(fd.get(), &source).ok()) {
+    ReadResult r;
+    r.open_status = Status(StatusCode::kIoError, "cannot open " + path);
+    return r;
+  }
+  return ReadAll(source.get(), std::move(options));
+}
+
+}  // namespace postspool::testing
