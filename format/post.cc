@@ -62,7 +62,6 @@ PostId NewPostId() {
 }
 
 Status ValidatePost(const PostData& p) {
-  if (p.base_url.empty()) return Status(StatusCode::kInvalidArgument, "base_url is empty");
   if (p.rel_path.empty()) return Status(StatusCode::kInvalidArgument, "rel_path is empty");
   if (Status s = CheckLength("base_url", p.base_url.size(), kBaseUrlBytesMax); !s.ok()) return s;
   if (Status s = CheckPath("rel_path", p.rel_path); !s.ok()) return s;

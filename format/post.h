@@ -63,8 +63,8 @@ inline constexpr size_t kExtraBytesMax = 1024;     // key + value of one extra
 inline constexpr size_t kIdentityBytesMax = 256;
 
 // kInvalidArgument (with the field named) for a post that must not be
-// accepted: empty base_url or rel_path, a field above its limit, a NUL byte
-// in a path.
+// accepted: an empty rel_path, a field above its limit, a NUL byte in a
+// path. An empty base_url is valid: the daemon fills in its post_baseUrl.
 Status ValidatePost(const PostData& post);
 
 // Serialises `post` into `builder` (cleared first) and finishes the buffer
