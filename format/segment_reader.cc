@@ -10,10 +10,10 @@
 
 namespace postspool::segment {
 
-Status FileSource::Open(int fd, std::unique_ptr<FileSource>* out) {
+Status FileSource::Open(int fd, std::unique_ptr<FileSource>* out, uint64_t size_max) {
   struct stat st;
   if (::fstat(fd, &st) != 0) return Status::FromErrno(errno, "fstat segment");
-  out->reset(new FileSource(fd, static_cast<uint64_t>(st.st_size)));
+  out->reset(new FileSource(fd, std::min(static_cast<uint64_t>(st.st_size), size_max)));
   return Status::Ok();
 }
 

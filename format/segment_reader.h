@@ -36,10 +36,11 @@ class Source {
 };
 
 // Reads a file through pread. The descriptor is borrowed and must remain open
-// while the source is used; its size is taken once, at Open.
+// while the source is used; its size is taken once, at Open, and capped at
+// `size_max` (a reader must not look past what is known to be complete).
 class FileSource final : public Source {
  public:
-  static Status Open(int fd, std::unique_ptr<FileSource>* out);
+  static Status Open(int fd, std::unique_ptr<FileSource>* out, uint64_t size_max = UINT64_MAX);
   uint64_t size() const override { return size_; }
   Status ReadAt(uint64_t offset, std::span<std::byte> out, size_t* got) override;
 

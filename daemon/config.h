@@ -1,0 +1,71 @@
+// postspoold's configuration: every limit and default in one struct.
+// docs/configuration.md is the reference; keep the two in step.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "status.h"
+
+namespace postspool::daemon {
+
+enum class Durability { kAccepted, kSynced };
+enum class IoBackend { kAuto, kIoUring, kEpoll };
+enum class UnroutablePolicy { kDrop, kRetry };
+
+struct Config {
+  // Paths.
+  std::string socket_path = "/run/postspool/postspoold.sock";
+  uint32_t socket_mode = 0666;
+  std::string spool_dir = "/var/spool/postspool/incoming";
+  std::string quarantine_dir = "/var/spool/postspool/quarantine";
+  std::string journal_dir = "/var/lib/postspool/journal";
+
+  // Ingest.
+  Durability durability = Durability::kAccepted;
+  IoBackend io_backend = IoBackend::kAuto;
+  uint32_t connections_max = 4096;
+  uint32_t batch_records_max = 4096;      // records in one group-commit write
+  uint64_t batch_bytes_max = 4ull << 20;  // bytes in one group-commit write
+  uint32_t spool_rescan_interval_ms = 1000;
+  uint64_t journal_segment_bytes_max = 64ull << 20;
+  // Journal plus spool on disk; above it, clients are told to fail or spool.
+  uint64_t disk_bytes_max = 4ull << 30;
+
+  // Broker (names as Sarracenia's where it has them).
+  std::vector<std::string> post_broker = {"amqp://guest:guest@localhost/"};
+  std::string post_exchange;  // empty: xs_<broker user>
+  std::string post_topicPrefix = "v03";
+  std::string post_baseUrl = "file:/";  // for posts that carry no base URL
+  bool exchange_declare = true;         // declare (durable topic) or only check
+  uint32_t publish_window_max = 1000;   // unconfirmed messages in flight
+  bool publish_mandatory = true;
+  UnroutablePolicy unroutable_policy = UnroutablePolicy::kDrop;
+  uint32_t heartbeat_s = 30;
+  uint32_t connect_timeout_ms = 5000;
+  uint32_t reconnect_delay_initial_ms = 100;
+  uint32_t reconnect_delay_max_ms = 30000;
+  uint32_t checkpoint_interval_ms = 200;
+  std::string tls_ca_file;  // empty: the system's CA store
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  bool tls_verify_peer = true;
+  bool tls_verify_hostname = true;
+
+  // Logging: error, warning, info, debug.
+  std::string log_level = "info";
+};
+
+// Parses "key = value" lines ('#' starts a comment). Sizes take the
+// suffixes KiB, MiB, GiB; booleans are true/false/yes/no/on/off.
+// `post_broker` may be given several times (or as a comma-separated list):
+// the brokers are tried in turn. An unknown key or a bad value is an error
+// naming the file and line.
+Status ParseConfig(const std::string& text, const std::string& origin, Config* config);
+Status LoadConfig(const std::string& path, Config* config);
+
+const char* DurabilityName(Durability d);
+const char* IoBackendName(IoBackend b);
+
+}  // namespace postspool::daemon
