@@ -122,7 +122,14 @@ Status CreateSegment(int dirfd, const std::string& name, const Header& header, m
     ::unlinkat(dirfd, tmp_name.c_str(), 0);
   }
   if (rc != 0) return Status::FromErrno(errno, "link segment " + name);
-  if (sync && ::fsync(dirfd) != 0) return Status::FromErrno(errno, "sync spool directory");
+  if (sync && ::fsync(dirfd) != 0) {
+    // An O_PATH directory descriptor (the client library opens the spool
+    // that way, so that a directory users cannot list works) cannot be
+    // fsync'ed: sync the filesystem through the new file instead.
+    if (errno != EBADF || ::syncfs(fd.get()) != 0) {
+      return Status::FromErrno(errno, "sync spool directory");
+    }
+  }
   *out = std::move(fd);
   return Status::Ok();
 }
@@ -140,11 +147,12 @@ Status ReadHeader(int fd, Header* header) {
   return DecodeHeader(raw, header);
 }
 
-Status AppendToSegment(int fd, std::span<const std::byte> records, Deadline deadline, bool sync) {
+Status AppendToSegment(int fd, std::span<const std::byte> records, Deadline deadline, bool sync,
+                       const std::function<bool()>& still_current) {
   if (Status s = LockUntil(fd, LOCK_SH, deadline); !s.ok()) return s;
   uint32_t flags = 0;
   Status s = ReadFlags(fd, &flags);
-  if (s.ok() && (flags & kFlagSealed) != 0) {
+  if (s.ok() && ((flags & kFlagSealed) != 0 || (still_current && !still_current()))) {
     s = Status(StatusCode::kSealed, "segment is sealed");
   }
   if (s.ok()) {
@@ -320,7 +328,14 @@ Status SegmentAppender::Append(std::span<const std::byte> records, Deadline dead
       if (Status s = RollOver(deadline); !s.ok() && s.code() != StatusCode::kTimedOut) return s;
       continue;
     }
-    Status s = AppendToSegment(fd_.get(), records, deadline, options_.sync);
+    // The name is checked again under the lock: once the daemon renamed the
+    // segment and took its exclusive lock, no append can slip in, even where
+    // the daemon could not set the sealed flag.
+    Status s = AppendToSegment(fd_.get(), records, deadline, options_.sync, [&] {
+      struct stat now;
+      return ::fstatat(dirfd_, current_name_.c_str(), &now, AT_SYMLINK_NOFOLLOW) == 0 &&
+             SameFile(st, now);
+    });
     if (s.code() == StatusCode::kSealed) {
       fd_.reset();
       continue;

@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -40,7 +41,10 @@ Status ReadHeader(int fd, Header* header);
 //  - kNoSpace / kIoError: the write failed or was short; a short write can
 //    leave a partial record, which readers skip as damage.
 // With `sync`, the data is fdatasync'ed before the call returns.
-Status AppendToSegment(int fd, std::span<const std::byte> records, Deadline deadline, bool sync);
+// `still_current`, when given, is asked under the lock too: false means the
+// segment was taken away (renamed) and is treated as sealed.
+Status AppendToSegment(int fd, std::span<const std::byte> records, Deadline deadline, bool sync,
+                       const std::function<bool()>& still_current = {});
 
 // Sets the sealed flag under an exclusive flock (so it waits for appends in
 // progress) and syncs it. Once it returned ok, AppendToSegment writes nothing
@@ -76,7 +80,9 @@ uint64_t NewSegmentId();
 class SegmentAppender {
  public:
   struct Options {
-    mode_t file_mode = 0640;
+    // Group-writable: the daemon (the spool directory's group) sets the
+    // sealed flag.
+    mode_t file_mode = 0660;
     uint64_t segment_bytes_max = 64ull << 20;
     bool sync = false;  // fdatasync every append
   };
