@@ -167,7 +167,9 @@ PostData ReadPost(const fb::Post& post) {
     p.remove = op->remove();
     p.directory = op->directory();
   }
-  if (const fb::Identity* identity = post.identity()) {
+  // An identity whose method is None is no identity (BuildPost writes none).
+  if (const fb::Identity* identity = post.identity();
+      identity != nullptr && identity->method() != fb::IdentityMethod::None) {
     p.identity_method = identity->method();
     if (identity->value()) {
       p.identity_value.assign(reinterpret_cast<const char*>(identity->value()->data()),

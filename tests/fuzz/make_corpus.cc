@@ -1,0 +1,308 @@
+// Writes the seed corpus of the fuzz targets, with format/'s own writer
+// code, into <dir>/<target>/ (dir is normally tests/fuzz/corpus):
+//   make_corpus tests/fuzz/corpus
+// Built by meson but not run by the tests: the generated files are kept in
+// the repository. The output is deterministic (fixed ids, times and header),
+// so running it again after a format change shows up as a reviewable diff.
+#include <array>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "post.h"
+#include "segment_format.h"
+
+namespace {
+
+using postspool::PostData;
+using postspool::PostId;
+namespace fb = postspool::fb;
+namespace segment = postspool::segment;
+using Bytes = std::vector<std::byte>;
+
+constexpr int64_t kTimeNs = 1'700'000'000'123'456'789;
+
+PostData MinimalPost() {
+  PostData p;
+  p.id = PostId{0x0123'4567'89ab'4cde, 0x8f01'2345'6789'abcd};
+  p.pub_time_ns = kTimeNs;
+  p.base_url = "file:/";
+  p.rel_path = "data/a.txt";
+  return p;
+}
+
+// A typical post from the LD_PRELOAD shim: about 60 bytes of relPath under
+// four directories, a sha512 identity, size, mode and times.
+PostData TypicalPost(int n) {
+  PostData p = MinimalPost();
+  p.id.lo += static_cast<uint64_t>(n);
+  p.base_url = "sftp://dd.example.org/";
+  p.rel_path = "data/model/run_" + std::to_string(20240101 + n) + "/output/field_t2m_000" +
+               std::to_string(n % 10) + ".grib2";
+  p.identity_method = fb::IdentityMethod::Sha512;
+  for (int i = 0; i < 64; ++i) p.identity_value.push_back(static_cast<char>(i * 37 + 11 + n));
+  p.size = 1'048'576 + n;
+  p.mode = 0644;
+  p.mtime_ns = kTimeNs - 5'000'000'000;
+  p.atime_ns = kTimeNs - 4'000'000'000;
+  return p;
+}
+
+PostData FullPost() {
+  PostData p = TypicalPost(7);
+  p.retrieve_path = "/incoming/run_7/field_t2m_0007.grib2";
+  p.link = "../current/field.grib2";
+  p.rename = "data/model/run_20240108/output/.field_t2m_0007.grib2.tmp";
+  p.extras = {{"topic", "model.output"}, {"flow", "nwp"}};
+  p.origin_uid = 1000;
+  p.origin_gid = 100;
+  p.origin_pid = 31337;
+  p.origin_host = "node042";
+  return p;
+}
+
+PostData RmdirPost() {
+  PostData p = MinimalPost();
+  p.rel_path = "data/old/run_20230101";
+  p.remove = true;
+  p.directory = true;
+  return p;
+}
+
+PostData HardLinkPost() {
+  PostData p = TypicalPost(3);
+  p.hlink = "data/model/run_20240104/output/field_t2m_0003.grib2";
+  p.identity_method = fb::IdentityMethod::Md5;
+  p.identity_value.resize(16);
+  return p;
+}
+
+// UTF-8, JSON specials and control characters: the encoder must escape them.
+PostData AwkwardTextPost() {
+  PostData p = MinimalPost();
+  p.rel_path = "donn\xc3\xa9\x65s/\xc3\xa9t\xc3\xa9 #1/*/a\"b\\c\n\x01\x7f/\xff\xfe.txt";
+  p.identity_method = fb::IdentityMethod::Arbitrary;
+  p.identity_value = "label \"x\"\t\xe2\x82\xac";
+  p.extras = {{"note", "tab\there, quote\" and \xe2\x9c\x93"}};
+  return p;
+}
+
+// More directories than a 255-byte routing key holds.
+PostData DeepPathPost() {
+  PostData p = MinimalPost();
+  p.rel_path.clear();
+  for (int i = 0; i < 40; ++i) p.rel_path += "directory" + std::to_string(i) + "/";
+  p.rel_path += "leaf.txt";
+  p.identity_method = fb::IdentityMethod::Cod;
+  p.identity_value = "sha512";
+  return p;
+}
+
+// An extra field named like a standard v03 field: Encode refuses it.
+PostData ReservedExtraPost() {
+  PostData p = MinimalPost();
+  p.identity_method = fb::IdentityMethod::Random;
+  p.identity_value = "4711";
+  p.extras = {{"relPath", "elsewhere/b.txt"}};
+  return p;
+}
+
+Bytes Build(const PostData& post) {
+  flatbuffers::FlatBufferBuilder builder;
+  postspool::BuildPost(post, &builder);
+  const auto span = std::as_bytes(builder.GetBufferSpan());
+  return Bytes(span.begin(), span.end());
+}
+
+// TypicalPost padded with an extra field to about `payload_bytes`.
+PostData PaddedPost(int n, size_t payload_bytes) {
+  PostData p = TypicalPost(n);
+  p.extras = {{"pad", ""}};
+  for (int i = 0; i < 4; ++i) {
+    const size_t have = Build(p).size();
+    if (have >= payload_bytes) break;
+    p.extras[0].second.append(payload_bytes - have, 'x');
+  }
+  return p;
+}
+
+segment::Header FixedHeader(uint32_t flags = 0) {
+  segment::Header h;
+  h.segment_id = 0x00c0'ffee'0000'0001;
+  h.created_unix_ns = kTimeNs;
+  h.creator_uid = 1000;
+  h.creator_gid = 1000;
+  h.creator_pid = 4242;
+  h.host = "node042";
+  h.flags = flags;
+  return h;
+}
+
+Bytes EncodedHeader(const segment::Header& header) {
+  std::array<std::byte, segment::kHeaderBytes> raw;
+  segment::EncodeHeader(header, raw);
+  return Bytes(raw.begin(), raw.end());
+}
+
+void Append(const Bytes& payload, Bytes* out) {
+  if (!segment::AppendRecord(payload, out).ok()) {
+    std::fprintf(stderr, "AppendRecord failed\n");
+    std::exit(1);
+  }
+}
+
+// Header plus one record per post.
+Bytes Segment(const std::vector<PostData>& posts, uint32_t flags = 0) {
+  Bytes out = EncodedHeader(FixedHeader(flags));
+  for (const PostData& p : posts) Append(Build(p), &out);
+  return out;
+}
+
+Bytes Concat(const Bytes& a, const Bytes& b) {
+  Bytes out = a;
+  out.insert(out.end(), b.begin(), b.end());
+  return out;
+}
+
+class CorpusWriter {
+ public:
+  explicit CorpusWriter(std::filesystem::path root) : root_(std::move(root)) {}
+
+  void Write(const std::string& target, const std::string& name, const Bytes& bytes) {
+    const auto dir = root_ / target;
+    std::filesystem::create_directories(dir);
+    std::ofstream out(dir / name, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(bytes.data()),
+              static_cast<std::streamsize>(bytes.size()));
+    if (!out) {
+      std::fprintf(stderr, "cannot write %s\n", (dir / name).c_str());
+      std::exit(1);
+    }
+    total_bytes_ += bytes.size();
+    ++files_;
+  }
+
+  // A segment for fuzz_segment_reader, and for fuzz_segment_records the
+  // same bytes without the header (that target supplies its own).
+  void WriteSegment(const std::string& name, const Bytes& file) {
+    Write("fuzz_segment_reader", name, file);
+    if (file.size() > segment::kHeaderBytes) {
+      Write("fuzz_segment_records", name,
+            Bytes(file.begin() + segment::kHeaderBytes, file.end()));
+    }
+  }
+
+  size_t files() const { return files_; }
+  size_t total_bytes() const { return total_bytes_; }
+
+ private:
+  std::filesystem::path root_;
+  size_t files_ = 0;
+  size_t total_bytes_ = 0;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s <corpus dir, e.g. tests/fuzz/corpus>\n", argv[0]);
+    return 2;
+  }
+  CorpusWriter w(argv[1]);
+
+  // Payloads alone.
+  const std::string post = "fuzz_post_verifier";
+  w.Write(post, "minimal.post", Build(MinimalPost()));
+  w.Write(post, "typical.post", Build(TypicalPost(1)));
+  w.Write(post, "full.post", Build(FullPost()));
+  w.Write(post, "rmdir.post", Build(RmdirPost()));
+  w.Write(post, "hardlink_md5.post", Build(HardLinkPost()));
+  w.Write(post, "awkward_text.post", Build(AwkwardTextPost()));
+  w.Write(post, "deep_path_cod.post", Build(DeepPathPost()));
+  w.Write(post, "reserved_extra.post", Build(ReservedExtraPost()));
+  w.Write(post, "padded_2k.post", Build(PaddedPost(2, 2048)));
+  Bytes wrong_identifier = Build(MinimalPost());
+  std::memcpy(wrong_identifier.data() + 4, "XXXX", 4);  // the file identifier
+  w.Write(post, "wrong_identifier.post", wrong_identifier);
+  Bytes truncated_post = Build(TypicalPost(4));
+  truncated_post.resize(truncated_post.size() / 2);
+  w.Write(post, "truncated.post", truncated_post);
+
+  // Segments.
+  const std::vector<PostData> three = {TypicalPost(1), TypicalPost(2), TypicalPost(3)};
+  const Bytes three_records = Segment(three);
+  w.WriteSegment("header_only.seg", EncodedHeader(FixedHeader()));
+  w.WriteSegment("three_records.seg", three_records);
+  w.WriteSegment("mixed_records.seg",
+                 Segment({MinimalPost(), FullPost(), RmdirPost(), AwkwardTextPost(),
+                          PaddedPost(5, 2048), ReservedExtraPost()}));
+  w.WriteSegment("sealed.seg", Segment(three, segment::kFlagSealed));
+
+  // The writer died in the middle of its last record.
+  Bytes torn = three_records;
+  torn.resize(torn.size() - segment::RecordBytes(Build(TypicalPost(3)).size()) / 2);
+  w.WriteSegment("torn_tail.seg", torn);
+
+  // One bit of the middle record's payload flipped: a checksum mismatch,
+  // then resynchronisation to the third record.
+  Bytes flipped = three_records;
+  const size_t second = segment::kHeaderBytes + segment::RecordBytes(Build(TypicalPost(1)).size());
+  flipped[second + segment::kRecordHeaderBytes + 40] ^= std::byte{0x10};
+  w.WriteSegment("flipped_bit.seg", flipped);
+
+  // 24 bytes of garbage on the 8-byte grid between two records.
+  Bytes garbage = Segment({TypicalPost(1)});
+  for (int i = 0; i < 24; ++i) garbage.push_back(std::byte(0xa5 ^ i));
+  Append(Build(TypicalPost(2)), &garbage);
+  w.WriteSegment("garbage_between.seg", garbage);
+
+  // A short write left 13 bytes of a record; the records appended after it
+  // by other writers are off the 8-byte grid.
+  Bytes off_grid = Segment({TypicalPost(1)});
+  Bytes partial;
+  Append(Build(TypicalPost(9)), &partial);
+  off_grid.insert(off_grid.end(), partial.begin(), partial.begin() + 13);
+  Append(Build(TypicalPost(2)), &off_grid);
+  Append(Build(TypicalPost(3)), &off_grid);
+  w.WriteSegment("short_write_off_grid.seg", off_grid);
+
+  // Intact framing around a payload that is not a Post.
+  Bytes invalid_payload = Segment({TypicalPost(1)});
+  Bytes not_a_post(96);
+  for (size_t i = 0; i < not_a_post.size(); ++i) not_a_post[i] = std::byte(i * 7);
+  Append(not_a_post, &invalid_payload);
+  Append(Build(TypicalPost(2)), &invalid_payload);
+  w.WriteSegment("invalid_payload.seg", invalid_payload);
+
+  // A record header claiming more than the payload maximum.
+  Bytes bad_length = Segment({TypicalPost(1)});
+  const size_t at = bad_length.size();
+  Append(Build(MinimalPost()), &bad_length);
+  const uint32_t huge = segment::kRecordPayloadMax + 8;
+  for (int i = 0; i < 4; ++i) bad_length[at + 12 + i] = std::byte(huge >> (8 * i));
+  Append(Build(TypicalPost(2)), &bad_length);
+  w.WriteSegment("bad_length.seg", bad_length);
+
+  // Headers that must be refused (fuzz_segment_reader only: the records
+  // target has its own valid header).
+  const std::string reader = "fuzz_segment_reader";
+  Bytes bad_checksum = three_records;
+  bad_checksum[20] ^= std::byte{0x01};  // inside segment_id
+  w.Write(reader, "bad_header_checksum.seg", bad_checksum);
+  segment::Header newer = FixedHeader();
+  newer.format_version = segment::kFormatVersion + 1;
+  const Bytes records_only(three_records.begin() + segment::kHeaderBytes, three_records.end());
+  w.Write(reader, "newer_version.seg", Concat(EncodedHeader(newer), records_only));
+  w.Write(reader, "truncated_header.seg",
+          Bytes(three_records.begin(), three_records.begin() + 100));
+
+  std::printf("wrote %zu files, %zu bytes, under %s\n", w.files(), w.total_bytes(), argv[1]);
+  return 0;
+}
