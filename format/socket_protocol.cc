@@ -35,7 +35,7 @@ bool DecodeAck(std::span<const std::byte> packet, Ack* ack) {
   if (LoadLe32(packet.data()) != kAckMagic) return false;
   if (LoadLe16(packet.data() + 4) != kProtocolVersion) return false;
   const uint16_t status = LoadLe16(packet.data() + 6);
-  if (status > static_cast<uint16_t>(AckStatus::kUnavailable)) return false;
+  if (status > static_cast<uint16_t>(AckStatus::kBusy)) return false;
   ack->status = static_cast<AckStatus>(status);
   ack->request_id = LoadLe64(packet.data() + 8);
   ack->records = LoadLe32(packet.data() + 16);
@@ -46,9 +46,10 @@ const char* AckStatusName(AckStatus status) {
   switch (status) {
     case AckStatus::kAccepted: return "accepted";
     case AckStatus::kMalformed: return "malformed request";
-    case AckStatus::kFull: return "daemon journal full";
+    case AckStatus::kFull: return "daemon full (disk_bytes_max reached)";
     case AckStatus::kShuttingDown: return "daemon shutting down";
     case AckStatus::kUnavailable: return "daemon journal unavailable";
+    case AckStatus::kBusy: return "daemon busy";
   }
   return "unknown";
 }

@@ -23,9 +23,10 @@ inline constexpr uint16_t kRecordsPerRequestMax = 1024;
 enum class AckStatus : uint16_t {
   kAccepted = 0,      // journaled at the daemon's durability level
   kMalformed = 1,     // the request or one of its records is damaged; nothing of it was taken
-  kFull = 2,          // the journal quota is reached; use the spool (or fail)
+  kFull = 2,          // disk_bytes_max is reached: fail the post (do not spool it)
   kShuttingDown = 3,  // the daemon is stopping; use the spool
   kUnavailable = 4,   // the journal cannot be written (I/O error); use the spool
+  kBusy = 5,          // the group-commit batch is full (the journal is slow); use the spool
 };
 
 struct RequestHeader {

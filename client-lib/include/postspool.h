@@ -20,6 +20,14 @@
 #include <stdint.h>
 
 #ifdef __cplusplus
+/* The function postspool_post has the name of struct postspool_post, which
+ * C++ then calls `struct postspool_post` only; g++'s -Wshadow would warn
+ * about the function hiding the struct's constructor in every C++ program
+ * that includes this header. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wshadow"
+#endif
 extern "C" {
 #endif
 
@@ -135,6 +143,9 @@ const char *postspool_last_error(void);
 
 #ifdef __cplusplus
 }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 #endif
 
 #endif /* POSTSPOOL_H */

@@ -1,0 +1,227 @@
+#include "client.h"
+
+#include <sched.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "last_error.h"
+#include "post.h"
+#include "post_conversion.h"
+#include "segment_format.h"
+#include "v03_encoder.h"
+
+namespace postspool::client {
+namespace {
+
+int64_t RealtimeNs() {
+  timespec ts;
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+// The id as 16 bytes, most significant first: the byte order of its UUID
+// text (the AMQP message_id).
+void PutId(const PostId& id, uint8_t out[16]) {
+  for (int i = 0; i < 8; ++i) {
+    out[i] = static_cast<uint8_t>(id.hi >> (56 - 8 * i));
+    out[8 + i] = static_cast<uint8_t>(id.lo >> (56 - 8 * i));
+  }
+}
+
+// Locks `mutex` unless `deadline` passes first (a deadline already passed
+// still takes a free mutex).
+bool LockUntil(pthread_mutex_t* mutex, Deadline deadline) {
+  const auto ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(deadline.time_since_epoch()).count();
+  const timespec abs{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  // steady_clock is CLOCK_MONOTONIC.
+  return ::pthread_mutex_clocklock(mutex, CLOCK_MONOTONIC, &abs) == 0;
+}
+
+class Unlocker {
+ public:
+  explicit Unlocker(pthread_mutex_t* mutex) : mutex_(mutex) {}
+  ~Unlocker() { ::pthread_mutex_unlock(mutex_); }
+  Unlocker(const Unlocker&) = delete;
+  Unlocker& operator=(const Unlocker&) = delete;
+
+ private:
+  pthread_mutex_t* mutex_;
+};
+
+}  // namespace
+
+int SpoolErrorCode(const Status& status) {
+  switch (status.code()) {
+    case StatusCode::kNoSpace: return POSTSPOOL_ENOSPACE;
+    case StatusCode::kPermissionDenied: return POSTSPOOL_EPERM;
+    case StatusCode::kTimedOut: return POSTSPOOL_ETIMEDOUT;
+    case StatusCode::kNotFound: return POSTSPOOL_ENODAEMON;  // no spool directory
+    default: return POSTSPOOL_EIO;
+  }
+}
+
+Client::Client(ClientOptions options)
+    : options_(std::move(options)),
+      owner_pid_(::getpid()),
+      state_(new ProcessState(options_)) {
+  ::pthread_mutex_init(&mutex_, nullptr);
+}
+
+Client::~Client() {
+  if (owner_pid_.load(std::memory_order_acquire) == ::getpid()) {
+    delete state_;
+  } else if (::pthread_mutex_trylock(&mutex_) == 0) {
+    // A child that never posted: the inherited state is consistent; this
+    // closes the child's copies of the descriptors only.
+    ::pthread_mutex_unlock(&mutex_);
+    delete state_;
+  }
+  // Else a child whose parent was mid-post at the fork: abandon the state.
+  ::pthread_mutex_destroy(&mutex_);
+}
+
+void Client::AdoptIfForked() {
+  const pid_t me = ::getpid();
+  if (owner_pid_.load(std::memory_order_acquire) == me) return;
+
+  // Allocated before claiming the adoption, so that nothing can throw while
+  // other threads wait for it.
+  auto fresh = std::make_unique<ProcessState>(options_);
+  for (;;) {
+    pid_t owner = owner_pid_.load(std::memory_order_acquire);
+    if (owner == me) return;  // another thread of this process adopted it
+    if (owner == -me) {
+      ::sched_yield();
+      continue;
+    }
+    if (owner_pid_.compare_exchange_weak(owner, -me, std::memory_order_acq_rel)) break;
+  }
+  // Only the thread that called fork() exists in a new child; threads it
+  // started since wait above until this is done.
+  if (::pthread_mutex_trylock(&mutex_) == 0) {
+    // Nobody held the mutex at the fork: the state is consistent.
+    delete state_;
+    state_ = fresh.release();
+    ::pthread_mutex_unlock(&mutex_);
+  } else {
+    // A thread of the parent held it, mid-post; it does not exist here.
+    ::pthread_mutex_init(&mutex_, nullptr);
+    state_ = fresh.release();  // the old state is abandoned, not freed
+  }
+  owner_pid_.store(me, std::memory_order_release);
+}
+
+int Client::Fail(int error, const std::string& detail, const char* rel_path) const {
+  SetLastError(detail);
+  if (options_.log_stderr) {
+    std::string line = "postspool: post";
+    if (rel_path != nullptr) {
+      line += ' ';
+      line.append(rel_path, ::strnlen(rel_path, kPathBytesMax));
+    }
+    line += " failed: ";
+    line += postspool_strerror(error);
+    line += ": ";
+    line += detail;
+    LogToStderr(line);
+  }
+  return error;
+}
+
+int Client::Post(const struct postspool_post* post, postspool_post_result* result) {
+  const auto start = Clock::now();
+  const uint64_t budget_us = uint64_t{options_.budget_ms} * 1000;
+  const Deadline deadline = start + std::chrono::microseconds(budget_us);
+  const Deadline socket_deadline =
+      start + std::chrono::microseconds(budget_us * options_.socket_share_pct / 100);
+  if (result != nullptr) std::memset(result, 0, sizeof *result);
+  const char* rel_path = post != nullptr && post->struct_size >= sizeof *post ? post->rel_path
+                                                                               : nullptr;
+
+  // The record, built before any lock is taken.
+  PostData data;
+  std::string detail;
+  if (const int rc = ConvertPost(post, &data, &detail); rc != POSTSPOOL_OK) {
+    return Fail(rc, detail, rel_path);
+  }
+  data.id = NewPostId();
+  data.pub_time_ns = RealtimeNs();
+  if (const Status s = ValidatePost(data); !s.ok()) {
+    return Fail(ValidationErrorCode(s), s.message(), rel_path);
+  }
+  flatbuffers::FlatBufferBuilder builder(1024);
+  BuildPost(data, &builder);
+  const std::span<const std::byte> payload(
+      reinterpret_cast<const std::byte*>(builder.GetBufferPointer()), builder.GetSize());
+  if (!data.extras.empty()) {
+    // The daemon's v03 encoder refuses some extra keys (the standard field
+    // names); refuse them here, where the caller can still be told.
+    v03::Encoded encoded;
+    if (const Status s = v03::Encode(PostFromPayload(payload), v03::EncodeOptions{}, &encoded);
+        !s.ok()) {
+      return Fail(POSTSPOOL_EINVAL, s.message(), rel_path);
+    }
+  }
+  std::vector<std::byte> record;
+  if (const Status s = segment::AppendRecord(payload, &record); !s.ok()) {
+    return Fail(POSTSPOOL_ETOOBIG, s.message(), rel_path);
+  }
+  if (result != nullptr) PutId(data.id, result->id);
+
+  AdoptIfForked();
+  std::string daemon_reason;
+  bool malformed = false;
+  Status spooled;
+  if (LockUntil(&mutex_, socket_deadline)) {
+    Unlocker unlock(&mutex_);
+    // A post that spent most of the socket's share waiting for the mutex
+    // does not try the socket: an ack could hardly arrive in what is left,
+    // and the timeout would drop a healthy connection and back off.
+    const auto socket_share = socket_deadline - start;
+    if (options_.socket_share_pct > 0 && socket_deadline - Clock::now() < socket_share / 2) {
+      daemon_reason = "not tried: another thread's post held the client for most of the "
+                      "socket's share of the budget";
+    } else if (options_.socket_share_pct > 0) {
+      DaemonSocket::Result r = state_->socket.Post(record, 1, socket_deadline);
+      if (r.accepted) {
+        if (result != nullptr) result->transport = POSTSPOOL_TRANSPORT_SOCKET;
+        return POSTSPOOL_OK;
+      }
+      if (r.full) {
+        return Fail(POSTSPOOL_ENOSPACE,
+                    "daemon: " + r.reason + "; not spooled: the spool counts against the same "
+                    "limit", rel_path);
+      }
+      daemon_reason = std::move(r.reason);
+      malformed = r.malformed;
+    } else {
+      daemon_reason = "not tried (socket_share_pct is 0)";
+    }
+    spooled = state_->spool.Append(record, deadline);
+  } else {
+    daemon_reason = "not tried: another thread's post held the client for the socket's share "
+                    "of the budget";
+    Spool own(options_.spool_dir, options_.sync_spool);
+    spooled = own.Append(record, deadline);
+  }
+
+  if (spooled.ok()) {
+    if (result != nullptr) result->transport = POSTSPOOL_TRANSPORT_SPOOL;
+    if (malformed) {
+      // The post is safe in the spool, but one side has a bug: say so.
+      const std::string note = "daemon: " + daemon_reason + " (the post went to the spool)";
+      SetLastError(note);
+      if (options_.log_stderr) LogToStderr("postspool: " + note);
+    }
+    return POSTSPOOL_OK;
+  }
+  return Fail(SpoolErrorCode(spooled), "daemon: " + daemon_reason + "; spool: " + spooled.message(),
+              rel_path);
+}
+
+}  // namespace postspool::client

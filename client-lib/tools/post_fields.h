@@ -1,0 +1,68 @@
+// One post's fields as the command-line tool collects them (from options,
+// from a file's metadata, or from a JSON line), owning their strings.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "json_reader.h"
+#include "postspool.h"
+
+namespace postspool::cli {
+
+struct PostFields {
+  std::optional<std::string> base_url;
+  std::optional<std::string> rel_path;
+  std::optional<std::string> retrieve_path;
+  std::optional<std::string> link;
+  std::optional<std::string> hlink;
+  std::optional<std::string> rename;
+  uint32_t op_flags = 0;  // POSTSPOOL_OP_*
+  int identity_method = POSTSPOOL_IDENTITY_NONE;
+  std::string identity_value;  // raw digest bytes or text
+  std::optional<int64_t> size;
+  std::optional<uint32_t> mode;
+  std::optional<int64_t> mtime_ns;
+  std::optional<int64_t> atime_ns;
+  std::vector<std::pair<std::string, std::string>> extras;
+
+  // Points *post (and the array in *extras) into these fields: valid while
+  // the fields live unchanged.
+  void ToPost(struct postspool_post* post, std::vector<postspool_extra>* extras) const;
+};
+
+// "sha512", "md5", "cod", "random", "arbitrary" (v03's identity.method).
+bool ParseIdentityMethod(std::string_view name, int* method);
+// "METHOD:VALUE" (--identity): sha512 and md5 values in base64 (as in v03),
+// the others as text.
+bool ParseIdentity(std::string_view text, int* method, std::string* value, std::string* error);
+// Octal permission bits, e.g. "644" or "0755"; at most 07777.
+bool ParseOctalMode(std::string_view text, uint32_t* mode);
+// A decimal integer, optionally negative, that fits in 64 bits.
+bool ParseInt64(std::string_view text, int64_t* value);
+// A v03 time, UTC: "YYYYMMDDTHHMMSS[.fraction]" as Sarracenia writes it, or
+// the ISO 8601 form "YYYY-MM-DDTHH:MM:SS[.fraction][Z]". Fraction digits
+// beyond nanoseconds are dropped.
+bool ParseV03Time(std::string_view text, int64_t* unix_ns);
+
+// Fills size, mode, mtime, atime and a sha512 identity from the file at
+// `path` (lstat: a symbolic link gives fileOp link with its target and no
+// checksum; a directory gives fileOp directory).
+bool FillFromFile(const std::string& path, PostFields* fields, std::string* error);
+
+// A post from one JSON object with v03 keys: relPath, baseUrl, retrievePath,
+// fileOp {link, hlink, rename, remove, directory}, identity {method, value
+// (base64 for sha512 and md5)}, size, mode (octal string), mtime and atime
+// (v03 time strings or integer nanoseconds); pubTime is ignored (the library
+// stamps the publish time); any other key with a string value is an extra
+// field. null means absent.
+bool PostFieldsFromJson(const JsonValue& object, PostFields* fields, std::string* error);
+
+// "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", lower case.
+std::string FormatUuid(const uint8_t id[16]);
+
+}  // namespace postspool::cli
