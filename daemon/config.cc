@@ -121,6 +121,9 @@ Status ParseConfig(const std::string& text, const std::string& origin, Config* c
       {"tls_key_file", [&](auto v) { c->tls_key_file = v; return true; }},
       {"tls_verify_peer", [&](auto v) { return ParseBool(v, &c->tls_verify_peer); }},
       {"tls_verify_hostname", [&](auto v) { return ParseBool(v, &c->tls_verify_hostname); }},
+      {"shutdown_drain_ms", [&](auto v) { return ParseU32(v, &c->shutdown_drain_ms); }},
+      {"metrics_file", [&](auto v) { c->metrics_file = v; return true; }},
+      {"metrics_interval_ms", [&](auto v) { return ParseU32(v, &c->metrics_interval_ms) && c->metrics_interval_ms > 0; }},
       {"log_level", [&](auto v) {
          c->log_level = v;
          return v == "error" || v == "warning" || v == "info" || v == "debug";

@@ -53,6 +53,15 @@ struct Config {
   bool tls_verify_peer = true;
   bool tls_verify_hostname = true;
 
+  // Shutdown: how long SIGTERM waits for the broker to confirm what is
+  // journaled before exiting (what is left stays journaled for the next start).
+  uint32_t shutdown_drain_ms = 5000;
+
+  // Metrics in the Prometheus text format, rewritten every
+  // metrics_interval_ms (for node_exporter's textfile collector); empty: off.
+  std::string metrics_file = "/run/postspool/metrics.prom";
+  uint32_t metrics_interval_ms = 5000;
+
   // Logging: error, warning, info, debug.
   std::string log_level = "info";
 };

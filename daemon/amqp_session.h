@@ -1,0 +1,106 @@
+// AmqpSession: one connection to one broker with one channel (1) in
+// publisher-confirm mode, over rabbitmq-c's blocking API. Thin glue: it
+// turns rabbitmq-c calls and frames into Status values and Handler calls and
+// decides nothing; the forwarder decides what to do about them.
+//
+// Not thread-safe: the forwarder thread's own. The socket descriptor (fd())
+// may be shut down from another thread to interrupt a blocked write, under
+// the forwarder's own lock (see Forwarder).
+#pragma once
+
+#include <amqp.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "amqp_url.h"
+#include "status.h"
+
+namespace postspool::daemon {
+
+class AmqpSession {
+ public:
+  struct Options {
+    uint32_t heartbeat_s = 30;
+    uint32_t connect_timeout_ms = 5000;  // TCP and TLS connect, login, each setup RPC
+    std::string tls_ca_file;             // empty: the system's CA bundle
+    std::string tls_cert_file;
+    std::string tls_key_file;
+    bool tls_verify_peer = true;
+    bool tls_verify_hostname = true;
+    std::string exchange;
+    bool exchange_declare = true;  // declare it durable topic, or only check it exists
+  };
+
+  // Receives what the broker sends on the connection.
+  class Handler {
+   public:
+    virtual ~Handler() = default;
+    virtual void OnAck(uint64_t delivery_tag, bool multiple) = 0;
+    virtual void OnNack(uint64_t delivery_tag, bool multiple) = 0;
+    // A mandatory message could not be routed; its ack follows.
+    virtual void OnReturn(std::string_view message_id, int reply_code,
+                          std::string_view reply_text) = 0;
+    virtual void OnBlocked(std::string_view reason) = 0;
+    virtual void OnUnblocked() = 0;
+  };
+
+  // Connects (within connect_timeout_ms), logs in advertising the
+  // capabilities publisher_confirms, connection.blocked and basic.nack,
+  // opens channel 1, selects confirms and declares (or passively checks) the
+  // exchange. The status says which step failed and why, in words:
+  //   kNotFound          the exchange does not exist (exchange_declare false)
+  //   kInvalidArgument   the exchange exists with other properties, or the
+  //                      TLS files cannot be loaded
+  //   kPermissionDenied  the broker refused the login or an operation
+  //   kIoError           anything else (refused, unreachable, TLS, timeout)
+  static Status Open(const BrokerUrl& url, const Options& options,
+                     std::unique_ptr<AmqpSession>* out);
+  ~AmqpSession();  // closes the socket without the closing handshake
+  AmqpSession(const AmqpSession&) = delete;
+  AmqpSession& operator=(const AmqpSession&) = delete;
+
+  // The socket, for poll().
+  int fd() const;
+  // The heartbeat the broker and we agreed on, seconds (0: none).
+  int heartbeat_s() const;
+
+  // basic.publish on channel 1 with the post properties (amqp_properties.h).
+  // Blocks while the socket's send buffer is full. An error means the
+  // connection is unusable.
+  Status Publish(std::string_view exchange, std::string_view routing_key,
+                 std::string_view body, std::string_view message_id, bool mandatory);
+
+  // Handles every frame that is available without waiting (rabbitmq-c's
+  // queued frames and buffered bytes first, then the socket), and sends a
+  // heartbeat when one is due. Returns an error when the connection is
+  // unusable (closed by the broker, with its reply code and text; a missed
+  // heartbeat; a socket error).
+  Status ReadFrames(Handler* handler);
+
+  // Frames or bytes rabbitmq-c holds that a poll() on fd() would not
+  // report (read while publishing): call ReadFrames before sleeping.
+  bool HasBufferedInput() const;
+
+  // The closing handshake (connection.close, waiting for close-ok at most
+  // connect_timeout_ms). Best effort: for a clean stop.
+  void Close();
+
+ private:
+  explicit AmqpSession(amqp_connection_state_t conn);
+  Status HandleFrame(const amqp_frame_t& frame, Handler* handler);
+  void EndReturn(Handler* handler);
+
+  amqp_connection_state_t conn_;
+  // A basic.return's content (header, then body frames) follows its method.
+  bool in_return_ = false;
+  bool return_header_seen_ = false;
+  uint64_t return_body_remaining_ = 0;
+  std::string return_message_id_;
+  int return_reply_code_ = 0;
+  std::string return_reply_text_;
+};
+
+}  // namespace postspool::daemon

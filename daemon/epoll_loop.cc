@@ -1,0 +1,182 @@
+// The epoll backend of IoLoop: readiness plus plain system calls. Writes and
+// syncs run synchronously when submitted; their completions are delivered in
+// the next round, as io_uring would deliver them.
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <deque>
+#include <unordered_set>
+#include <vector>
+
+#include "io_loop.h"
+#include "unique_fd.h"
+
+namespace postspool::daemon {
+namespace {
+
+enum Kind : uint64_t { kListen = 1, kConnection = 2, kWatched = 3 };
+
+uint64_t Key(Kind kind, int fd) { return (uint64_t{kind} << 32) | static_cast<uint32_t>(fd); }
+
+// Bounds on the work of one round, so that one busy connection cannot
+// starve the others or the group commit.
+constexpr int kEventsPerRound = 256;
+constexpr int kAcceptsPerRound = 64;
+constexpr int kPacketsPerConnectionPerRound = 64;
+
+class EpollLoop final : public IoLoop {
+ public:
+  EpollLoop(const IoLoopOptions& options, IoCallbacks* callbacks, UniqueFd epfd)
+      : options_(options),
+        callbacks_(callbacks),
+        epfd_(std::move(epfd)),
+        buffer_(options.packet_bytes_max + 8) {}
+
+  const char* name() const override { return "epoll"; }
+
+  Status Listen(int listen_fd) override {
+    listen_fd_ = listen_fd;
+    return Add(kListen, listen_fd);
+  }
+
+  void StopListening() override {
+    if (listen_fd_ < 0) return;
+    ::epoll_ctl(epfd_.get(), EPOLL_CTL_DEL, listen_fd_, nullptr);
+    listen_fd_ = -1;
+  }
+
+  Status AddConnection(int fd) override { return Add(kConnection, fd); }
+
+  void RemoveConnection(int fd) override {
+    if (!removed_.insert(fd).second) return;
+    ::epoll_ctl(epfd_.get(), EPOLL_CTL_DEL, fd, nullptr);
+    closed_.push_back({fd, 0});
+  }
+
+  Status Watch(int fd) override { return Add(kWatched, fd); }
+
+  void SubmitWrite(int fd, const std::byte* data, size_t bytes, uint64_t offset,
+                   uint64_t cookie) override {
+    size_t done = 0;
+    int64_t result = 0;
+    while (done < bytes) {
+      const ssize_t n = ::pwrite(fd, data + done, bytes - done, static_cast<off_t>(offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        result = n < 0 ? -errno : -ENOSPC;
+        break;
+      }
+      done += static_cast<size_t>(n);
+    }
+    done_.push_back({cookie, result < 0 ? result : static_cast<int64_t>(done)});
+  }
+
+  void SubmitSync(int fd, uint64_t cookie) override {
+    done_.push_back({cookie, ::fdatasync(fd) == 0 ? 0 : -errno});
+  }
+
+  Status RunOnce(int timeout_ms) override {
+    epoll_event events[kEventsPerRound];
+    if (!done_.empty() || !closed_.empty()) timeout_ms = 0;
+    const int n = ::epoll_wait(epfd_.get(), events, kEventsPerRound, timeout_ms);
+    if (n < 0 && errno != EINTR) return Status::FromErrno(errno, "epoll_wait");
+    for (int i = 0; i < n; ++i) {
+      const Kind kind = static_cast<Kind>(events[i].data.u64 >> 32);
+      const int fd = static_cast<int>(events[i].data.u64 & 0xffffffffu);
+      switch (kind) {
+        case kListen: AcceptSome(fd); break;
+        case kConnection: ReceiveSome(fd); break;
+        case kWatched: callbacks_->OnReadable(fd); break;
+      }
+    }
+    // Completions of writes submitted in earlier rounds or in this one.
+    while (!done_.empty()) {
+      const auto d = done_.front();
+      done_.pop_front();
+      callbacks_->OnIoDone(d.cookie, d.result);
+    }
+    while (!closed_.empty()) {
+      const auto c = closed_.front();
+      closed_.pop_front();
+      removed_.erase(c.fd);
+      callbacks_->OnConnectionClosed(c.fd, c.error);
+    }
+    callbacks_->OnRoundEnd();
+    return Status::Ok();
+  }
+
+ private:
+  Status Add(Kind kind, int fd) {
+    epoll_event ev{};
+    ev.events = kind == kConnection ? uint32_t{EPOLLIN | EPOLLRDHUP} : uint32_t{EPOLLIN};
+    ev.data.u64 = Key(kind, fd);
+    if (::epoll_ctl(epfd_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
+      return Status::FromErrno(errno, "epoll_ctl add");
+    }
+    return Status::Ok();
+  }
+
+  void AcceptSome(int listen_fd) {
+    for (int i = 0; i < kAcceptsPerRound && listen_fd_ == listen_fd; ++i) {
+      const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        // EAGAIN: drained. EMFILE and friends: the next round tries again;
+        // the callee's connection limit keeps us below the fd limit.
+        return;
+      }
+      callbacks_->OnAccept(fd);
+    }
+  }
+
+  void ReceiveSome(int fd) {
+    for (int i = 0; i < kPacketsPerConnectionPerRound; ++i) {
+      if (removed_.count(fd) != 0) return;
+      // MSG_TRUNC: the return value is the packet's real length, so that an
+      // oversized packet is recognised rather than silently cut.
+      const ssize_t n = ::recv(fd, buffer_.data(), options_.packet_bytes_max, MSG_DONTWAIT | MSG_TRUNC);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      if (n <= 0) {
+        removed_.insert(fd);
+        ::epoll_ctl(epfd_.get(), EPOLL_CTL_DEL, fd, nullptr);
+        closed_.push_back({fd, n < 0 ? errno : 0});
+        return;
+      }
+      const bool truncated = static_cast<size_t>(n) > options_.packet_bytes_max;
+      const size_t len = truncated ? options_.packet_bytes_max : static_cast<size_t>(n);
+      callbacks_->OnPacket(fd, std::span<const std::byte>(buffer_.data(), len), truncated);
+    }
+  }
+
+  struct Done {
+    uint64_t cookie;
+    int64_t result;
+  };
+  struct Closed {
+    int fd;
+    int error;
+  };
+
+  IoLoopOptions options_;
+  IoCallbacks* callbacks_;
+  UniqueFd epfd_;
+  int listen_fd_ = -1;
+  std::vector<std::byte> buffer_;
+  std::deque<Done> done_;
+  std::deque<Closed> closed_;
+  std::unordered_set<int> removed_;
+};
+
+}  // namespace
+
+Status NewEpollLoop(const IoLoopOptions& options, IoCallbacks* callbacks,
+                    std::unique_ptr<IoLoop>* out) {
+  UniqueFd epfd(::epoll_create1(EPOLL_CLOEXEC));
+  if (!epfd.valid()) return Status::FromErrno(errno, "epoll_create1");
+  out->reset(new EpollLoop(options, callbacks, std::move(epfd)));
+  return Status::Ok();
+}
+
+}  // namespace postspool::daemon

@@ -1,0 +1,673 @@
+#include "forwarder.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cassert>
+#include <cinttypes>
+#include <random>
+
+#include "amqp_properties.h"
+#include "log.h"
+#include "post.h"
+
+namespace postspool::daemon {
+namespace {
+
+using std::chrono::milliseconds;
+
+// Records published between two looks at what the broker sent: keeps the
+// reaction to acks and connection.blocked prompt while the backlog drains.
+constexpr int kPublishBatch = 64;
+// A connection that lasted this long counts as working (resets the backoff).
+constexpr auto kStableConnection = std::chrono::seconds(10);
+// Per-message warnings (nacks, returns) are logged at most this often.
+constexpr auto kMessageLogInterval = std::chrono::seconds(10);
+// How long to wait before reading the journal again after an I/O error.
+constexpr auto kJournalRetryDelay = std::chrono::seconds(1);
+// The longest poll() when nothing else is due.
+constexpr auto kIdleWake = std::chrono::seconds(1);
+
+uint64_t RandomSeed() {
+  uint64_t seed = 0;
+  if (::getrandom(&seed, sizeof seed, GRND_NONBLOCK) != sizeof seed) {
+    seed = std::random_device{}();
+  }
+  return seed;
+}
+
+std::string FormatSeconds(milliseconds d) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f s", static_cast<double>(d.count()) / 1000.0);
+  return buf;
+}
+
+std::string FormatPosition(JournalPosition p) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%016" PRIx64 ":%" PRIu64, p.segment_seq, p.offset);
+  return buf;
+}
+
+std::string IdString(PostId id) {
+  const MessageId m = FormatMessageId(id);
+  return std::string(m.data(), m.size());
+}
+
+void Add(Metrics::Counter& counter, uint64_t n) {
+  if (n != 0) counter.fetch_add(n, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+Forwarder::Forwarder(const Config& config, int journal_dirfd, CommitChannel* commits,
+                     JournalUsage* usage, Metrics* metrics)
+    : config_(config),
+      dirfd_(journal_dirfd),
+      commits_(commits),
+      usage_(usage),
+      metrics_(metrics),
+      seed_(RandomSeed()),
+      wake_fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
+      reader_(journal_dirfd),
+      retry_reader_(journal_dirfd),
+      connect_backoff_(config.reconnect_delay_initial_ms, config.reconnect_delay_max_ms, seed_) {
+  for (const std::string& url : config_.post_broker) {
+    BrokerUrl b;
+    if (Status s = ParseBrokerUrl(url, &b); !s.ok()) {
+      brokers_status_ = s;
+      continue;
+    }
+    brokers_.push_back(std::move(b));
+  }
+  if (brokers_status_.ok() && brokers_.empty()) {
+    brokers_status_ = Status(StatusCode::kInvalidArgument, "post_broker names no broker");
+  }
+}
+
+Forwarder::~Forwarder() {
+  if (!thread_.joinable()) return;
+  mode_.store(Mode::kStop);
+  Wake();
+  AbortSocket();
+  thread_.join();
+}
+
+Status Forwarder::Start() {
+  assert(!thread_.joinable());
+  if (!brokers_status_.ok()) return brokers_status_;
+  if (!wake_fd_.valid()) return Status::FromErrno(errno, "eventfd for the forwarder");
+  JournalPosition start;
+  Status s = Checkpoint::Load(dirfd_, &start);
+  if (s.code() == StatusCode::kCorruption) {
+    PS_LOG_ERROR("forwarder: %s; forwarding the whole journal again from its oldest segment "
+                 "(subscribers may see duplicates; nothing is lost)",
+                 s.ToString().c_str());
+    start = JournalPosition{};
+  } else if (!s.ok()) {
+    return s;
+  }
+  PublishWindow::Options window_options;
+  window_options.window_max = config_.publish_window_max;
+  window_options.unroutable_policy = config_.unroutable_policy;
+  window_options.retry_delay_initial_ms = config_.reconnect_delay_initial_ms;
+  window_options.retry_delay_max_ms = config_.reconnect_delay_max_ms;
+  window_options.seed = seed_ ^ 0x9e3779b97f4a7c15ull;
+  window_ = std::make_unique<PublishWindow>(window_options, start);
+  reader_.Seek(start);
+  stored_checkpoint_ = start;
+  idle_at_limit_ = JournalPosition{};
+  read_high_ = start;
+  encode_error_high_ = start;
+  skipped_seen_ = reader_.skipped_bytes();
+  reconnect_at_ = Clock::time_point{};
+  journal_retry_at_ = Clock::time_point{};
+  next_checkpoint_at_ = Clock::time_point{};
+  PublishWatermark();
+  {
+    std::lock_guard lock(socket_mu_);
+    aborted_ = false;
+  }
+  {
+    std::lock_guard lock(control_mu_);
+    exited_ = false;
+  }
+  drained_.store(false);
+  drain_probed_ = false;
+  mode_.store(Mode::kRun);
+  thread_ = std::thread([this] { Run(); });
+  return Status::Ok();
+}
+
+bool Forwarder::StopAndDrain(milliseconds timeout) {
+  if (!thread_.joinable()) return watermark() >= commits_->committed();
+  const Clock::time_point deadline = Clock::now() + timeout;
+  {
+    std::lock_guard lock(control_mu_);
+    drain_target_ = commits_->committed();
+    drain_deadline_ = deadline;
+  }
+  mode_.store(Mode::kDrain);
+  Wake();
+  {
+    // The thread leaves at the deadline, unless a write to the broker
+    // blocks it (a broker that stopped reading): then the socket is shut
+    // down under it.
+    std::unique_lock lock(control_mu_);
+    const auto grace = milliseconds(config_.connect_timeout_ms) + std::chrono::seconds(1);
+    if (!exited_cv_.wait_until(lock, deadline + grace, [this] { return exited_; })) {
+      lock.unlock();
+      PS_LOG_WARNING("forwarder: still busy %s after the drain deadline; closing the broker "
+                     "connection under it",
+                     FormatSeconds(std::chrono::duration_cast<milliseconds>(grace)).c_str());
+      AbortSocket();
+    }
+  }
+  thread_.join();
+  return drained_.load();
+}
+
+JournalPosition Forwarder::watermark() const {
+  std::lock_guard lock(watermark_mu_);
+  return watermark_;
+}
+
+void Forwarder::PublishWatermark() {
+  const JournalPosition w = window_->watermark();
+  std::lock_guard lock(watermark_mu_);
+  watermark_ = w;
+}
+
+void Forwarder::Wake() {
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(wake_fd_.get(), &one, sizeof one);
+}
+
+void Forwarder::AbortSocket() {
+  std::lock_guard lock(socket_mu_);
+  aborted_ = true;
+  if (socket_fd_ >= 0) ::shutdown(socket_fd_, SHUT_RDWR);
+}
+
+bool Forwarder::Drained() const {
+  JournalPosition target;
+  {
+    std::lock_guard lock(control_mu_);
+    target = drain_target_;
+  }
+  // Everything read is done, and the reader found nothing more before a
+  // limit at or past the target (a torn tail there does not count).
+  return window_->size() == 0 && (window_->watermark() >= target || idle_at_limit_ >= target);
+}
+
+void Forwarder::ProbeDrain() {
+  drain_probed_ = true;
+  if (window_->size() != 0) return;
+  JournalPosition target;
+  {
+    std::lock_guard lock(control_mu_);
+    target = drain_target_;
+  }
+  retry_reader_.Seek(window_->watermark());
+  JournalReader::Entry entry;
+  bool got = false;
+  if (Status s = retry_reader_.Next(target, &entry, &got); !s.ok() || got) return;
+  // Nothing to publish (an empty journal, or only damage): drained.
+  window_->OnReaderIdle(retry_reader_.position());
+  idle_at_limit_ = std::max(idle_at_limit_, target);
+}
+
+// ---------------------------------------------------------------------------
+// The thread
+
+void Forwarder::Run() {
+  PS_LOG_INFO("forwarder: starting at journal position %s; brokers: %zu, first %s",
+              FormatPosition(window_->watermark()).c_str(), brokers_.size(),
+              brokers_[broker_index_].display.c_str());
+  for (;;) {
+    const Mode mode = mode_.load();
+    if (mode == Mode::kStop) break;
+    const Clock::time_point now = Clock::now();
+    if (mode == Mode::kDrain) {
+      if (!session_ && !drain_probed_) ProbeDrain();
+      if (Drained()) {
+        drained_.store(true);
+        break;
+      }
+      Clock::time_point deadline;
+      {
+        std::lock_guard lock(control_mu_);
+        deadline = drain_deadline_;
+      }
+      if (now >= deadline) {
+        PS_LOG_WARNING("forwarder: drain deadline passed with %zu posts unconfirmed after "
+                       "journal position %s; they stay in the journal for the next start",
+                       window_->size(), FormatPosition(window_->watermark()).c_str());
+        break;
+      }
+    }
+    bool busy = false;
+    if (!session_) {
+      if (now >= reconnect_at_) {
+        Connect(now);
+        busy = session_ != nullptr;
+      }
+    } else {
+      busy = Pump(now);
+    }
+    MaybeCheckpoint(Clock::now(), false);
+    Wait(Clock::now(), busy);
+  }
+  CloseSession(/*polite=*/drained_.load());
+  metrics_->broker_connected.store(0, std::memory_order_relaxed);
+  metrics_->publish_in_flight.store(0, std::memory_order_relaxed);
+  MaybeCheckpoint(Clock::now(), true);
+  PS_LOG_INFO("forwarder: stopped at journal position %s%s",
+              FormatPosition(window_->watermark()).c_str(),
+              drained_.load() ? " (everything committed is confirmed)" : "");
+  {
+    std::lock_guard lock(control_mu_);
+    exited_ = true;
+  }
+  exited_cv_.notify_all();
+}
+
+std::string Forwarder::ExchangeFor(const BrokerUrl& url) const {
+  return config_.post_exchange.empty() ? "xs_" + url.user : config_.post_exchange;
+}
+
+void Forwarder::Connect(Clock::time_point now) {
+  const BrokerUrl& url = brokers_[broker_index_];
+  AmqpSession::Options options;
+  options.heartbeat_s = config_.heartbeat_s;
+  options.connect_timeout_ms = config_.connect_timeout_ms;
+  options.tls_ca_file = config_.tls_ca_file;
+  options.tls_cert_file = config_.tls_cert_file;
+  options.tls_key_file = config_.tls_key_file;
+  options.tls_verify_peer = config_.tls_verify_peer;
+  options.tls_verify_hostname = config_.tls_verify_hostname;
+  options.exchange = ExchangeFor(url);
+  options.exchange_declare = config_.exchange_declare;
+  std::unique_ptr<AmqpSession> session;
+  if (Status s = AmqpSession::Open(url, options, &session); !s.ok()) {
+    metrics_->broker_connect_failures_total.fetch_add(1, std::memory_order_relaxed);
+    const std::string failed = url.display;
+    ScheduleReconnect(now);
+    const milliseconds delay =
+        std::chrono::duration_cast<milliseconds>(reconnect_at_ - now);
+    const bool config_error =
+        s.code() == StatusCode::kNotFound || s.code() == StatusCode::kInvalidArgument ||
+        s.code() == StatusCode::kPermissionDenied;
+    Log(config_error ? LogLevel::kError : LogLevel::kWarning,
+        "forwarder: cannot use broker %s: %s; trying %s in %s", failed.c_str(),
+        s.message().c_str(), brokers_[broker_index_].display.c_str(),
+        FormatSeconds(delay).c_str());
+    return;
+  }
+  {
+    std::lock_guard lock(socket_mu_);
+    if (aborted_) return;  // stopping: drop the new session
+    socket_fd_ = session->fd();
+  }
+  session_ = std::move(session);
+  metrics_->broker_connects_total.fetch_add(1, std::memory_order_relaxed);
+  metrics_->broker_connected.store(1, std::memory_order_relaxed);
+  exchange_ = options.exchange;
+  source_ = url.user;
+  blocked_ = false;
+  connected_at_ = now;
+  confirms_this_connection_ = 0;
+  // Everything after the watermark is published (again): the window was
+  // reset when the last connection ended.
+  assert(window_->size() == 0 && window_->in_flight() == 0);
+  reader_.Seek(window_->watermark());
+  idle_at_limit_ = JournalPosition{};
+  PS_LOG_INFO("forwarder: connected to %s (exchange '%s', heartbeat %d s); publishing from "
+              "journal position %s",
+              url.display.c_str(), exchange_.c_str(), session_->heartbeat_s(),
+              FormatPosition(window_->watermark()).c_str());
+}
+
+void Forwarder::ScheduleReconnect(Clock::time_point now) {
+  const milliseconds delay = connect_backoff_.Next();
+  broker_index_ = (broker_index_ + 1) % brokers_.size();
+  reconnect_at_ = now + delay;
+}
+
+void Forwarder::CloseSession(bool polite) {
+  if (!session_) return;
+  if (polite) session_->Close();
+  {
+    std::lock_guard lock(socket_mu_);
+    socket_fd_ = -1;
+  }
+  session_.reset();
+}
+
+void Forwarder::LoseConnection(const Status& why, Clock::time_point now) {
+  const std::string lost = brokers_[broker_index_].display;
+  const size_t unconfirmed = window_->size();
+  metrics_->broker_connection_lost_total.fetch_add(1, std::memory_order_relaxed);
+  metrics_->broker_connected.store(0, std::memory_order_relaxed);
+  metrics_->publish_in_flight.store(0, std::memory_order_relaxed);
+  CloseSession(/*polite=*/false);
+  if (confirms_this_connection_ > 0 || now - connected_at_ >= kStableConnection) {
+    connect_backoff_.Reset();
+  }
+  window_->Reset();
+  idle_at_limit_ = JournalPosition{};
+  blocked_ = false;
+  ScheduleReconnect(now);
+  const milliseconds delay = std::chrono::duration_cast<milliseconds>(reconnect_at_ - now);
+  PS_LOG_WARNING("forwarder: lost the connection to %s: %s; %zu unconfirmed posts will be "
+                 "published again; connecting to %s in %s",
+                 lost.c_str(), why.message().c_str(), unconfirmed,
+                 brokers_[broker_index_].display.c_str(), FormatSeconds(delay).c_str());
+}
+
+bool Forwarder::Pump(Clock::time_point now) {
+  if (Status s = session_->ReadFrames(this); !s.ok()) {
+    LoseConnection(s, now);
+    return false;
+  }
+  bool more = false;
+  if (!blocked_) {
+    int budget = kPublishBatch;
+    // Posts to publish again first: they are the oldest.
+    PublishWindow::Due due;
+    while (budget > 0 && now >= journal_retry_at_ && window_->CanRepublish() &&
+           window_->NextDue(now, &due)) {
+      if (Status s = Republish(due, now); !s.ok()) {
+        LoseConnection(s, now);
+        return false;
+      }
+      --budget;
+    }
+    // Then new ones. Drain the eventfd before reading the committed end, so
+    // that a commit after the read wakes the next poll.
+    commits_->Drain();
+    const JournalPosition limit = commits_->committed();
+    while (budget > 0 && now >= journal_retry_at_ && window_->CanPublishNew()) {
+      JournalReader::Entry entry;
+      bool got = false;
+      const JournalPosition before = reader_.position();
+      const Status rs = reader_.Next(limit, &entry, &got);
+      AccountSkippedBytes(before);
+      if (!rs.ok()) {
+        if (!journal_error_logged_) {
+          PS_LOG_ERROR("forwarder: cannot read the journal at %s: %s; trying again every %s",
+                       FormatPosition(reader_.position()).c_str(), rs.ToString().c_str(),
+                       FormatSeconds(kJournalRetryDelay).c_str());
+          journal_error_logged_ = true;
+        }
+        journal_retry_at_ = now + kJournalRetryDelay;
+        break;
+      }
+      journal_error_logged_ = false;
+      if (!got) {
+        window_->OnReaderIdle(reader_.position());
+        idle_at_limit_ = std::max(idle_at_limit_, limit);
+        break;
+      }
+      bool published = false;
+      if (Status s = PublishNew(entry, &published); !s.ok()) {
+        LoseConnection(s, now);
+        return false;
+      }
+      if (published) --budget;
+    }
+    more = budget == 0;
+  }
+  metrics_->publish_in_flight.store(window_->in_flight(), std::memory_order_relaxed);
+  PublishWatermark();
+  return more || session_->HasBufferedInput();
+}
+
+void Forwarder::AccountSkippedBytes(JournalPosition before) {
+  const uint64_t skipped = reader_.skipped_bytes();
+  const uint64_t delta = skipped - skipped_seen_;
+  skipped_seen_ = skipped;
+  // After a reconnect the same damage is skipped again: count it once.
+  if (delta != 0 && before >= read_high_) {
+    metrics_->journal_bytes_skipped_total.fetch_add(delta, std::memory_order_relaxed);
+    PS_LOG_WARNING("forwarder: skipped %" PRIu64 " damaged bytes in the journal after %s",
+                   delta, FormatPosition(before).c_str());
+  }
+  read_high_ = std::max(read_high_, reader_.position());
+}
+
+Status Forwarder::EncodePost(const fb::Post& post, v03::Encoded* out) {
+  const fb::Post* p = &post;
+  if (post.base_url() == nullptr || post.base_url()->size() == 0) {
+    // The ingest loop fills in post_baseUrl; a post that reached the
+    // journal without one gets it here, so that it is still a valid v03
+    // message.
+    PostData data = ReadPost(post);
+    data.base_url = config_.post_baseUrl;
+    BuildPost(data, &builder_);
+    p = fb::GetPost(builder_.GetBufferPointer());
+  }
+  v03::EncodeOptions options;
+  options.topic_prefix = config_.post_topicPrefix;
+  options.source = source_;
+  return v03::Encode(*p, options, out);
+}
+
+Status Forwarder::PublishNew(const JournalReader::Entry& entry, bool* published) {
+  *published = false;
+  const fb::Post& post = PostFromPayload(entry.payload);
+  const PostId id{post.id()->hi(), post.id()->lo()};
+  if (Status es = EncodePost(post, &encoded_); !es.ok()) {
+    // It can never be published: done, so that it does not hold the
+    // watermark back forever. Counted and logged once, however often it
+    // is read again after reconnects.
+    if (entry.position >= encode_error_high_) {
+      encode_error_high_ = entry.next;
+      metrics_->encode_errors_total.fetch_add(1, std::memory_order_relaxed);
+      PS_LOG_ERROR("forwarder: post %s at journal position %s cannot be encoded as v03 (%s); "
+                   "it is skipped",
+                   IdString(id).c_str(), FormatPosition(entry.position).c_str(),
+                   es.message().c_str());
+    }
+    window_->OnSkipped(entry.position, entry.next);
+    return Status::Ok();
+  }
+  const MessageId message_id = FormatMessageId(id);
+  if (Status s = session_->Publish(exchange_, encoded_.routing_key, encoded_.body,
+                                   View(message_id), config_.publish_mandatory);
+      !s.ok()) {
+    return s;
+  }
+  window_->OnPublished(entry.position, entry.next, id);
+  metrics_->published_total.fetch_add(1, std::memory_order_relaxed);
+  *published = true;
+  return Status::Ok();
+}
+
+Status Forwarder::Republish(const PublishWindow::Due& due, Clock::time_point now) {
+  retry_reader_.Seek(due.position);
+  JournalReader::Entry entry;
+  bool got = false;
+  if (Status rs = retry_reader_.Next(due.next, &entry, &got); !rs.ok()) {
+    PS_LOG_ERROR("forwarder: cannot read post %s again from the journal at %s: %s; trying "
+                 "again in %s",
+                 IdString(due.id).c_str(), FormatPosition(due.position).c_str(),
+                 rs.ToString().c_str(), FormatSeconds(kJournalRetryDelay).c_str());
+    journal_retry_at_ = now + kJournalRetryDelay;
+    return Status::Ok();
+  }
+  Status es;
+  if (got && entry.position == due.position) es = EncodePost(PostFromPayload(entry.payload), &encoded_);
+  if (!got || entry.position != due.position || !es.ok()) {
+    // The journal is immutable below the committed end, so this is damage
+    // that appeared since the post was first read.
+    PS_LOG_ERROR("forwarder: post %s at journal position %s can no longer be read from the "
+                 "journal (%s); it is skipped",
+                 IdString(due.id).c_str(), FormatPosition(due.position).c_str(),
+                 es.ok() ? "the record is damaged" : es.message().c_str());
+    window_->OnUnreadable(due.handle);
+    return Status::Ok();
+  }
+  const MessageId message_id = FormatMessageId(due.id);
+  if (Status s = session_->Publish(exchange_, encoded_.routing_key, encoded_.body,
+                                   View(message_id), config_.publish_mandatory);
+      !s.ok()) {
+    return s;
+  }
+  window_->OnRepublished(due.handle);
+  metrics_->published_total.fetch_add(1, std::memory_order_relaxed);
+  metrics_->republished_total.fetch_add(1, std::memory_order_relaxed);
+  return Status::Ok();
+}
+
+void Forwarder::MaybeCheckpoint(Clock::time_point now, bool force) {
+  PublishWatermark();
+  const JournalPosition w = window_->watermark();
+  if (w == stored_checkpoint_) return;
+  if (!force && now < next_checkpoint_at_) return;
+  next_checkpoint_at_ = now + milliseconds(config_.checkpoint_interval_ms);
+  if (Status s = Checkpoint::Store(dirfd_, w); !s.ok()) {
+    if (!checkpoint_error_logged_) {
+      PS_LOG_ERROR("forwarder: cannot store the journal checkpoint: %s; confirmed segments "
+                   "are kept until it works (trying every %u ms)",
+                   s.ToString().c_str(), config_.checkpoint_interval_ms);
+      checkpoint_error_logged_ = true;
+    }
+    return;
+  }
+  checkpoint_error_logged_ = false;
+  stored_checkpoint_ = w;
+  int deleted = 0;
+  if (Status s = DeleteConfirmedSegments(dirfd_, w, usage_, &deleted); !s.ok()) {
+    PS_LOG_ERROR("forwarder: cannot delete confirmed journal segments: %s; trying again at the "
+                 "next checkpoint",
+                 s.ToString().c_str());
+  }
+  if (deleted > 0) {
+    PS_LOG_DEBUG("forwarder: deleted %d confirmed journal segments before %s", deleted,
+                 FormatPosition(w).c_str());
+  }
+  metrics_->journal_bytes.store(usage_->bytes.load(), std::memory_order_relaxed);
+}
+
+void Forwarder::Wait(Clock::time_point now, bool busy) {
+  Clock::time_point until = now + kIdleWake;
+  const auto earlier = [&until](Clock::time_point t) { until = std::min(until, t); };
+  if (window_->watermark() != stored_checkpoint_) earlier(next_checkpoint_at_);
+  if (journal_retry_at_ > now) earlier(journal_retry_at_);
+  if (mode_.load() == Mode::kDrain) {
+    std::lock_guard lock(control_mu_);
+    earlier(drain_deadline_);
+  }
+  pollfd fds[3];
+  nfds_t n = 0;
+  fds[n++] = pollfd{wake_fd_.get(), POLLIN, 0};
+  if (!session_) {
+    earlier(reconnect_at_);
+  } else {
+    fds[n++] = pollfd{session_->fd(), POLLIN, 0};
+    // Wake in time to send a heartbeat (rabbitmq-c sends one when we call
+    // it and one is due).
+    const int heartbeat_s = session_->heartbeat_s();
+    if (heartbeat_s > 0) earlier(now + milliseconds(heartbeat_s * 1000 / 2));
+    if (!blocked_) {
+      // A post due again needs a free tag; without one, the ack that frees
+      // it wakes the poll.
+      if (window_->CanRepublish()) earlier(window_->next_retry_at());
+      // New commits matter only when there is room to publish them.
+      if (window_->CanPublishNew()) fds[n++] = pollfd{commits_->event_fd(), POLLIN, 0};
+    }
+  }
+  int timeout_ms = 0;
+  if (!busy) {
+    const auto wait = std::chrono::duration_cast<milliseconds>(until - now);
+    // Round up: waking a little early would only spin.
+    timeout_ms = wait.count() <= 0 ? 0 : static_cast<int>(wait.count()) + 1;
+  }
+  const int ready = ::poll(fds, n, timeout_ms);
+  if (ready > 0 && (fds[0].revents & POLLIN) != 0) {
+    uint64_t v;
+    [[maybe_unused]] ssize_t r = ::read(wake_fd_.get(), &v, sizeof v);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// What the broker sends
+
+void Forwarder::OnAck(uint64_t delivery_tag, bool multiple) {
+  const PublishWindow::ConfirmResult r = window_->OnAck(delivery_tag, multiple, Clock::now());
+  Add(metrics_->confirmed_total, r.confirmed);
+  Add(metrics_->unroutable_dropped_total, r.dropped);
+  confirms_this_connection_ += r.confirmed;
+  if (r.unknown > 0) {
+    PS_LOG_WARNING("forwarder: broker %s acked delivery tag %" PRIu64
+                   "%s, which is not awaiting a confirm; ignored",
+                   brokers_[broker_index_].display.c_str(), delivery_tag,
+                   multiple ? " (multiple)" : "");
+  }
+}
+
+void Forwarder::OnNack(uint64_t delivery_tag, bool multiple) {
+  const Clock::time_point now = Clock::now();
+  const PublishWindow::ConfirmResult r = window_->OnNack(delivery_tag, multiple, now);
+  Add(metrics_->nacked_total, r.nacked);
+  nacks_unlogged_ += r.nacked;
+  if (nacks_unlogged_ > 0 && now >= next_nack_log_) {
+    PS_LOG_WARNING("forwarder: broker %s refused %" PRIu64
+                   " posts (basic.nack: a queue is full or the broker is short of resources); "
+                   "publishing them again in up to %s",
+                   brokers_[broker_index_].display.c_str(), nacks_unlogged_,
+                   FormatSeconds(r.delay_max).c_str());
+    nacks_unlogged_ = 0;
+    next_nack_log_ = now + kMessageLogInterval;
+  }
+}
+
+void Forwarder::OnReturn(std::string_view message_id, int reply_code,
+                         std::string_view reply_text) {
+  PostId id;
+  if (!ParseMessageId(message_id, &id) || !window_->OnReturn(id)) {
+    PS_LOG_WARNING("forwarder: broker %s returned a message (%d %.*s) with message_id '%.*s' "
+                   "that is not awaiting a confirm; ignored",
+                   brokers_[broker_index_].display.c_str(), reply_code,
+                   static_cast<int>(reply_text.size()), reply_text.data(),
+                   static_cast<int>(std::min<size_t>(message_id.size(), 64)), message_id.data());
+    return;
+  }
+  metrics_->unroutable_total.fetch_add(1, std::memory_order_relaxed);
+  ++returns_unlogged_;
+  const Clock::time_point now = Clock::now();
+  if (now >= next_return_log_) {
+    const bool drop = config_.unroutable_policy == UnroutablePolicy::kDrop;
+    PS_LOG_WARNING("forwarder: broker %s returned %" PRIu64
+                   " posts as unroutable (%d %.*s): no queue is bound to exchange '%s' for "
+                   "their routing keys; unroutable_policy = %s: %s",
+                   brokers_[broker_index_].display.c_str(), returns_unlogged_, reply_code,
+                   static_cast<int>(reply_text.size()), reply_text.data(), exchange_.c_str(),
+                   drop ? "drop" : "retry",
+                   drop ? "they are dropped" : "they are published again after a delay");
+    returns_unlogged_ = 0;
+    next_return_log_ = now + kMessageLogInterval;
+  }
+}
+
+void Forwarder::OnBlocked(std::string_view reason) {
+  if (blocked_) return;
+  blocked_ = true;
+  metrics_->broker_blocked_total.fetch_add(1, std::memory_order_relaxed);
+  PS_LOG_WARNING("forwarder: broker %s blocked publishing (%.*s); waiting until it unblocks "
+                 "(confirms are still processed; posts stay in the journal)",
+                 brokers_[broker_index_].display.c_str(), static_cast<int>(reason.size()),
+                 reason.data());
+}
+
+void Forwarder::OnUnblocked() {
+  if (!blocked_) return;
+  blocked_ = false;
+  PS_LOG_INFO("forwarder: broker %s unblocked publishing; resuming",
+              brokers_[broker_index_].display.c_str());
+}
+
+}  // namespace postspool::daemon

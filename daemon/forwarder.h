@@ -1,0 +1,209 @@
+// Forwarder: the thread that publishes the journal's posts to the broker and
+// moves the acked watermark. It owns the rabbitmq-c connection (a blocking
+// API, kept off the ingest loop).
+//
+// Delivery contract (DESIGN.md): a post is published with publisher confirms
+// and counts as delivered only once the broker acked it; a nack, a lost
+// connection or a broker restart means it is published again, read again
+// from the journal (the only copy: no payload is held in memory). The
+// watermark is the journal position just after the longest confirmed
+// prefix; it is stored as the Checkpoint every checkpoint_interval_ms when
+// it moved, and then the segments wholly before it are deleted. Duplicates
+// happen only around a reconnect or a restart and are bounded by
+// publish_window_max.
+//
+// The thread: reads records with a JournalReader from the watermark up to
+// CommitChannel::committed(), encodes them (v03::Encode), publishes them
+// (amqp_session.h) while the PublishWindow (publish_window.h: the pure
+// bookkeeping of tags, confirms and the watermark) has room, and between
+// batches handles what the broker sent (acks, nacks, returns,
+// connection.blocked, heartbeats). It sleeps in poll() on the commit
+// eventfd, the broker socket and its own wake-up eventfd, at most until the
+// next heartbeat, checkpoint or retry is due.
+//
+// Connection failures: the brokers of post_broker are tried in turn, with
+// exponential backoff and full jitter (backoff.h) between attempts, reset
+// after a connection that worked (it got a confirm, or stayed up 10 s).
+// Every failure is logged with the broker (without its password), the error
+// and what happens next. A nacked post (and an unroutable one under the
+// retry policy) waits per post, with the same backoff over
+// reconnect_delay_initial_ms .. reconnect_delay_max_ms, before it is
+// published again.
+//
+// Bounded: at most publish_window_max posts in flight and as many entries
+// in the window; the backlog stays on disk.
+//
+// Retry policy note: under unroutable_policy = retry, a post that no queue
+// takes is published again (after a backoff delay) until one does; the
+// watermark cannot pass it, so after publish_window_max more posts the
+// forwarder waits for it. That is the policy: nothing is dropped.
+//
+// The ingest loop's side: it publishes the JournalWriter's end on the
+// CommitChannel at startup (so that a backlog left by the last run is
+// forwarded before the first new post) and after every commit.
+//
+// Metrics: published_total counts every basic.publish, republications
+// (republished_total) included; confirmed_total counts posts acked as routed.
+//
+// Known limit: rabbitmq-c 0.11 writes with no deadline, so a publish blocks
+// while the broker does not read its socket (TCP backpressure) and heartbeats
+// are not checked meanwhile. connection.blocked normally stops publishing
+// before that; StopAndDrain (after its deadline) and the destructor shut the
+// socket down under a blocked write.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "amqp_session.h"
+#include "amqp_url.h"
+#include "backoff.h"
+#include "config.h"
+#include "flatbuffers/flatbuffers.h"
+#include "journal.h"
+#include "metrics.h"
+#include "publish_window.h"
+#include "status.h"
+#include "unique_fd.h"
+#include "v03_encoder.h"
+
+namespace postspool::daemon {
+
+class Forwarder final : private AmqpSession::Handler {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // All pointers are borrowed and must outlive the forwarder; `config` is
+  // copied. `journal_dirfd` is the journal directory (journal.h).
+  Forwarder(const Config& config, int journal_dirfd, CommitChannel* commits, JournalUsage* usage,
+            Metrics* metrics);
+  // Stops the thread if it runs, without waiting for a drain: whatever is
+  // unconfirmed is published again by the next forwarder.
+  ~Forwarder() override;
+  Forwarder(const Forwarder&) = delete;
+  Forwarder& operator=(const Forwarder&) = delete;
+
+  // Loads the Checkpoint (a damaged one is logged and treated as "from the
+  // start": duplicates, never loss), seeks the reader there and starts the
+  // thread. kInvalidArgument if a broker URL does not parse or there is none.
+  // May be called again after StopAndDrain.
+  Status Start();
+
+  // Publishes everything committed so far and waits for its confirms, at
+  // most `timeout`; then stops the thread (closing the connection) and
+  // stores the final checkpoint. True if everything committed when it was
+  // called was confirmed (or could never be published: encoding errors,
+  // unroutable posts under the drop policy).
+  bool StopAndDrain(std::chrono::milliseconds timeout);
+
+  // The acked watermark (possibly not stored yet). Thread-safe.
+  JournalPosition watermark() const;
+
+  // The seeds of the random delays (for tests that want to print them).
+  uint64_t backoff_seed() const { return seed_; }
+
+ private:
+  enum class Mode : int { kRun, kDrain, kStop };
+
+  void Run();
+  // Connection.
+  void Connect(Clock::time_point now);
+  void LoseConnection(const Status& why, Clock::time_point now);
+  void CloseSession(bool polite);
+  void ScheduleReconnect(Clock::time_point now);
+  std::string ExchangeFor(const BrokerUrl& url) const;
+  // Reads frames and publishes a batch; true if more work is ready at once.
+  bool Pump(Clock::time_point now);
+  // Publishing. A non-ok status is a connection error.
+  Status PublishNew(const JournalReader::Entry& entry, bool* published);
+  Status Republish(const PublishWindow::Due& due, Clock::time_point now);
+  Status EncodePost(const fb::Post& post, v03::Encoded* out);
+  void AccountSkippedBytes(JournalPosition before);
+  // Checkpoint and watermark.
+  void MaybeCheckpoint(Clock::time_point now, bool force);
+  void PublishWatermark();
+  bool Drained() const;
+  // Draining while disconnected: finds out whether anything committed is
+  // left to publish at all (if not, the drain is complete).
+  void ProbeDrain();
+  void Wait(Clock::time_point now, bool busy);
+  // Interrupts a write blocked on the broker socket (any thread).
+  void AbortSocket();
+  void Wake();
+
+  // AmqpSession::Handler.
+  void OnAck(uint64_t delivery_tag, bool multiple) override;
+  void OnNack(uint64_t delivery_tag, bool multiple) override;
+  void OnReturn(std::string_view message_id, int reply_code, std::string_view reply_text) override;
+  void OnBlocked(std::string_view reason) override;
+  void OnUnblocked() override;
+
+  // Fixed at construction.
+  const Config config_;
+  const int dirfd_;
+  CommitChannel* const commits_;
+  JournalUsage* const usage_;
+  Metrics* const metrics_;
+  std::vector<BrokerUrl> brokers_;
+  Status brokers_status_;
+  const uint64_t seed_;
+  UniqueFd wake_fd_;  // eventfd: the mode changed
+
+  // Control, shared with the caller's thread.
+  std::thread thread_;
+  std::atomic<Mode> mode_{Mode::kRun};
+  mutable std::mutex control_mu_;
+  std::condition_variable exited_cv_;
+  bool exited_ = true;                     // guarded by control_mu_
+  JournalPosition drain_target_;           // guarded by control_mu_
+  Clock::time_point drain_deadline_;       // guarded by control_mu_
+  std::atomic<bool> drained_{false};
+  std::mutex socket_mu_;
+  int socket_fd_ = -1;   // guarded by socket_mu_: the session's socket, -1 if none
+  bool aborted_ = false; // guarded by socket_mu_
+  mutable std::mutex watermark_mu_;
+  JournalPosition watermark_;  // guarded by watermark_mu_
+
+  // The forwarder thread's own.
+  JournalReader reader_;
+  JournalReader retry_reader_;  // re-reads records to publish them again
+  std::unique_ptr<PublishWindow> window_;
+  Backoff connect_backoff_;
+  std::unique_ptr<AmqpSession> session_;
+  size_t broker_index_ = 0;
+  std::string exchange_;
+  std::string source_;
+  bool blocked_ = false;
+  Clock::time_point connected_at_;
+  uint64_t confirms_this_connection_ = 0;
+  Clock::time_point reconnect_at_;
+  Clock::time_point journal_retry_at_;
+  bool journal_error_logged_ = false;
+  JournalPosition stored_checkpoint_;
+  Clock::time_point next_checkpoint_at_;
+  bool checkpoint_error_logged_ = false;
+  // The reader found nothing more before this limit (since the last seek).
+  JournalPosition idle_at_limit_;
+  bool drain_probed_ = false;
+  // The furthest the main reader got: damage and encode errors before it
+  // were counted and logged already.
+  JournalPosition read_high_;
+  uint64_t skipped_seen_ = 0;
+  // Encoding errors before this position were counted and logged already.
+  JournalPosition encode_error_high_;
+  // Log throttling for per-message events.
+  Clock::time_point next_nack_log_;
+  uint64_t nacks_unlogged_ = 0;
+  Clock::time_point next_return_log_;
+  uint64_t returns_unlogged_ = 0;
+  v03::Encoded encoded_;
+  flatbuffers::FlatBufferBuilder builder_;
+};
+
+}  // namespace postspool::daemon

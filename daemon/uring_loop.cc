@@ -1,0 +1,332 @@
+// The io_uring backend of IoLoop: multishot accept on the listening socket,
+// multishot recv with a provided-buffer ring on every connection (so idle
+// connections hold no buffer), multishot poll for watched descriptors, and
+// journal writes and syncs submitted through the ring.
+//
+// Every submission's user_data names its operation and, for per-connection
+// operations, the connection's generation: a completion that arrives after
+// the connection was removed (and its fd number reused) is recognised as
+// stale and dropped, so the kernel never completes into state that is gone.
+#include <liburing.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <cassert>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "io_loop.h"
+#include "log.h"
+
+namespace postspool::daemon {
+namespace {
+
+enum Op : uint64_t { kAccept = 1, kRecv = 2, kPoll = 3, kWrite = 4, kSync = 5, kCancel = 6 };
+
+constexpr uint64_t UserData(Op op, uint32_t gen, int fd) {
+  return (uint64_t{op} << 56) | (uint64_t{gen & 0xffffffu} << 32) | static_cast<uint32_t>(fd);
+}
+constexpr uint64_t CookieData(Op op, uint64_t cookie) { return (uint64_t{op} << 56) | cookie; }
+constexpr Op OpOf(uint64_t ud) { return static_cast<Op>(ud >> 56); }
+constexpr uint32_t GenOf(uint64_t ud) { return static_cast<uint32_t>((ud >> 32) & 0xffffffu); }
+constexpr int FdOf(uint64_t ud) { return static_cast<int>(ud & 0xffffffffu); }
+constexpr uint64_t CookieOf(uint64_t ud) { return ud & ((uint64_t{1} << 56) - 1); }
+
+constexpr unsigned kBufferGroup = 0;
+constexpr unsigned kBufferCount = 64;  // power of two
+constexpr int kCqesPerRound = 512;
+
+bool KernelAtLeast(int major, int minor) {
+  utsname u;
+  if (::uname(&u) != 0) return false;
+  int ma = 0, mi = 0;
+  if (std::sscanf(u.release, "%d.%d", &ma, &mi) != 2) return false;
+  return ma > major || (ma == major && mi >= minor);
+}
+
+class UringLoop final : public IoLoop {
+ public:
+  UringLoop(const IoLoopOptions& options, IoCallbacks* callbacks)
+      : options_(options), callbacks_(callbacks) {}
+
+  ~UringLoop() override {
+    if (ring_ready_) io_uring_queue_exit(&ring_);
+    if (buf_ring_ != nullptr) ::munmap(buf_ring_, buf_ring_bytes_);
+    if (buffers_ != nullptr) ::munmap(buffers_, buffer_bytes_ * kBufferCount);
+  }
+
+  Status Init() {
+    if (!KernelAtLeast(6, 0)) {
+      return Status(StatusCode::kUnsupported, "kernel older than 6.0 (no multishot recv)");
+    }
+    io_uring_params p{};
+    p.flags = IORING_SETUP_CQSIZE | IORING_SETUP_SUBMIT_ALL | IORING_SETUP_COOP_TASKRUN |
+              IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN;
+    // Completions outnumber submissions (multishot): oversize the CQ.
+    p.cq_entries = 4096;
+    int rc = io_uring_queue_init_params(512, &ring_, &p);
+    if (rc == -EINVAL) {
+      // An older kernel without some of the flags: the plain ring.
+      io_uring_params plain{};
+      plain.flags = IORING_SETUP_CQSIZE;
+      plain.cq_entries = 4096;
+      rc = io_uring_queue_init_params(512, &ring_, &plain);
+    }
+    if (rc < 0) {
+      return Status(StatusCode::kUnsupported,
+                    std::string("io_uring_setup: ") + std::strerror(-rc) +
+                        (rc == -EPERM ? " (disabled by the kernel.io_uring_disabled sysctl or "
+                                        "a seccomp filter)"
+                                      : ""));
+    }
+    ring_ready_ = true;
+    io_uring_probe* probe = io_uring_get_probe_ring(&ring_);
+    if (probe == nullptr) return Status(StatusCode::kUnsupported, "io_uring probe failed");
+    bool ok = true;
+    for (int op : {IORING_OP_ACCEPT, IORING_OP_RECV, IORING_OP_WRITE, IORING_OP_FSYNC,
+                   IORING_OP_POLL_ADD, IORING_OP_ASYNC_CANCEL, IORING_OP_PROVIDE_BUFFERS}) {
+      ok = ok && io_uring_opcode_supported(probe, op);
+    }
+    io_uring_free_probe(probe);
+    if (!ok) return Status(StatusCode::kUnsupported, "io_uring lacks a needed operation");
+
+    // The provided-buffer ring: one buffer per packet, each large enough for
+    // the largest packet plus one byte, so that a longer one shows as cut.
+    buffer_bytes_ = (options_.packet_bytes_max + 1 + 63) & ~size_t{63};
+    buffers_ = static_cast<std::byte*>(::mmap(nullptr, buffer_bytes_ * kBufferCount,
+                                              PROT_READ | PROT_WRITE,
+                                              MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    if (buffers_ == MAP_FAILED) {
+      buffers_ = nullptr;
+      return Status::FromErrno(errno, "mmap receive buffers");
+    }
+    buf_ring_bytes_ = kBufferCount * sizeof(io_uring_buf);
+    void* br = ::mmap(nullptr, buf_ring_bytes_, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (br == MAP_FAILED) return Status::FromErrno(errno, "mmap buffer ring");
+    buf_ring_ = static_cast<io_uring_buf_ring*>(br);
+    io_uring_buf_ring_init(buf_ring_);
+    io_uring_buf_reg reg{};
+    reg.ring_addr = reinterpret_cast<uint64_t>(buf_ring_);
+    reg.ring_entries = kBufferCount;
+    reg.bgid = kBufferGroup;
+    rc = io_uring_register_buf_ring(&ring_, &reg, 0);
+    if (rc < 0) {
+      return Status(StatusCode::kUnsupported,
+                    std::string("io_uring_register_buf_ring: ") + std::strerror(-rc));
+    }
+    for (unsigned i = 0; i < kBufferCount; ++i) {
+      io_uring_buf_ring_add(buf_ring_, buffers_ + i * buffer_bytes_,
+                            static_cast<unsigned>(buffer_bytes_), static_cast<unsigned short>(i),
+                            io_uring_buf_ring_mask(kBufferCount), static_cast<int>(i));
+    }
+    io_uring_buf_ring_advance(buf_ring_, kBufferCount);
+    return Status::Ok();
+  }
+
+  const char* name() const override { return "io_uring"; }
+
+  Status Listen(int listen_fd) override {
+    listen_fd_ = listen_fd;
+    ArmAccept();
+    return Status::Ok();
+  }
+
+  void StopListening() override {
+    if (listen_fd_ < 0) return;
+    io_uring_prep_cancel_fd(Sqe(), listen_fd_, 0);
+    io_uring_sqe_set_data64(last_sqe_, UserData(kCancel, 0, listen_fd_));
+    listen_fd_ = -1;
+  }
+
+  Status AddConnection(int fd) override {
+    if (static_cast<size_t>(fd) >= conns_.size()) conns_.resize(static_cast<size_t>(fd) + 64);
+    Conn& c = conns_[static_cast<size_t>(fd)];
+    c.gen = ++next_gen_ & 0xffffffu;  // user_data carries 24 bits of it
+    c.active = true;
+    c.removing = false;
+    ArmRecv(fd);
+    return Status::Ok();
+  }
+
+  void RemoveConnection(int fd) override {
+    Conn& c = conns_[static_cast<size_t>(fd)];
+    if (!c.active || c.removing) return;
+    c.removing = true;
+    // The recv completes with -ECANCELED and without F_MORE; the close is
+    // reported then, when the kernel holds nothing of ours for this fd.
+    io_uring_prep_cancel_fd(Sqe(), fd, 0);
+    io_uring_sqe_set_data64(last_sqe_, UserData(kCancel, c.gen, fd));
+  }
+
+  Status Watch(int fd) override {
+    io_uring_prep_poll_multishot(Sqe(), fd, POLLIN);
+    io_uring_sqe_set_data64(last_sqe_, UserData(kPoll, 0, fd));
+    return Status::Ok();
+  }
+
+  void SubmitWrite(int fd, const std::byte* data, size_t bytes, uint64_t offset,
+                   uint64_t cookie) override {
+    assert(cookie < (uint64_t{1} << 56));
+    io_uring_prep_write(Sqe(), fd, data, static_cast<unsigned>(bytes), offset);
+    io_uring_sqe_set_data64(last_sqe_, CookieData(kWrite, cookie));
+  }
+
+  void SubmitSync(int fd, uint64_t cookie) override {
+    assert(cookie < (uint64_t{1} << 56));
+    io_uring_prep_fsync(Sqe(), fd, IORING_FSYNC_DATASYNC);
+    io_uring_sqe_set_data64(last_sqe_, CookieData(kSync, cookie));
+  }
+
+  Status RunOnce(int timeout_ms) override {
+    io_uring_cqe* cqe = nullptr;
+    int rc;
+    if (timeout_ms < 0) {
+      rc = io_uring_submit_and_wait(&ring_, 1);
+    } else {
+      __kernel_timespec ts{timeout_ms / 1000, (timeout_ms % 1000) * 1000000LL};
+      rc = io_uring_submit_and_wait_timeout(&ring_, &cqe, 1, &ts, nullptr);
+    }
+    if (rc < 0 && rc != -ETIME && rc != -EINTR && rc != -EBUSY) {
+      return Status(StatusCode::kIoError, std::string("io_uring_submit_and_wait: ") +
+                                              std::strerror(-rc));
+    }
+    int handled = 0;
+    while (handled < kCqesPerRound && io_uring_peek_cqe(&ring_, &cqe) == 0) {
+      const uint64_t ud = io_uring_cqe_get_data64(cqe);
+      const int32_t res = cqe->res;
+      const uint32_t flags = cqe->flags;
+      io_uring_cqe_seen(&ring_, cqe);
+      ++handled;
+      Handle(ud, res, flags);
+    }
+    callbacks_->OnRoundEnd();
+    return Status::Ok();
+  }
+
+ private:
+  struct Conn {
+    uint32_t gen = 0;
+    bool active = false;
+    bool removing = false;
+  };
+
+  io_uring_sqe* Sqe() {
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+    while (sqe == nullptr) {
+      io_uring_submit(&ring_);
+      sqe = io_uring_get_sqe(&ring_);
+    }
+    last_sqe_ = sqe;
+    return sqe;
+  }
+
+  void ArmAccept() {
+    io_uring_prep_multishot_accept(Sqe(), listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    io_uring_sqe_set_data64(last_sqe_, UserData(kAccept, 0, listen_fd_));
+  }
+
+  void ArmRecv(int fd) {
+    io_uring_prep_recv_multishot(Sqe(), fd, nullptr, 0, 0);
+    last_sqe_->flags |= IOSQE_BUFFER_SELECT;
+    last_sqe_->buf_group = kBufferGroup;
+    io_uring_sqe_set_data64(last_sqe_, UserData(kRecv, conns_[static_cast<size_t>(fd)].gen, fd));
+  }
+
+  void RecycleBuffer(unsigned bid) {
+    io_uring_buf_ring_add(buf_ring_, buffers_ + bid * buffer_bytes_,
+                          static_cast<unsigned>(buffer_bytes_), static_cast<unsigned short>(bid),
+                          io_uring_buf_ring_mask(kBufferCount), 0);
+    io_uring_buf_ring_advance(buf_ring_, 1);
+  }
+
+  void Closed(int fd, int error) {
+    conns_[static_cast<size_t>(fd)].active = false;
+    callbacks_->OnConnectionClosed(fd, error);
+  }
+
+  void Handle(uint64_t ud, int32_t res, uint32_t flags) {
+    switch (OpOf(ud)) {
+      case kAccept:
+        if (res >= 0) callbacks_->OnAccept(res);
+        if (!(flags & IORING_CQE_F_MORE) && listen_fd_ >= 0 && listen_fd_ == FdOf(ud)) {
+          if (res < 0 && res != -ECANCELED) {
+            PS_LOG_WARNING("accept on the listening socket failed: %s; re-arming",
+                           std::strerror(-res));
+          }
+          ArmAccept();
+        }
+        return;
+      case kRecv: {
+        const int fd = FdOf(ud);
+        const bool has_buffer = (flags & IORING_CQE_F_BUFFER) != 0;
+        const unsigned bid = flags >> IORING_CQE_BUFFER_SHIFT;
+        Conn* c = static_cast<size_t>(fd) < conns_.size() ? &conns_[static_cast<size_t>(fd)] : nullptr;
+        const bool current = c != nullptr && c->active && c->gen == GenOf(ud);
+        if (res > 0 && has_buffer) {
+          if (current && !c->removing) {
+            const bool truncated = static_cast<size_t>(res) > options_.packet_bytes_max;
+            const size_t len = truncated ? options_.packet_bytes_max : static_cast<size_t>(res);
+            callbacks_->OnPacket(fd, std::span<const std::byte>(buffers_ + bid * buffer_bytes_, len),
+                                 truncated);
+          }
+          RecycleBuffer(bid);
+        } else if (has_buffer) {
+          RecycleBuffer(bid);
+        }
+        if (flags & IORING_CQE_F_MORE) return;
+        if (!current) return;  // stale: that connection was reported closed already
+        if (!c->removing && (res > 0 || res == -ENOBUFS)) {
+          // Multishot ended (out of buffers, or the kernel chose to): re-arm.
+          // The buffers recycled in this round make room again.
+          ArmRecv(fd);
+          return;
+        }
+        Closed(fd, (res < 0 && res != -ECANCELED) ? -res : 0);
+        return;
+      }
+      case kPoll:
+        if (res > 0) callbacks_->OnReadable(FdOf(ud));
+        if (!(flags & IORING_CQE_F_MORE) && res != -ECANCELED) {
+          io_uring_prep_poll_multishot(Sqe(), FdOf(ud), POLLIN);
+          io_uring_sqe_set_data64(last_sqe_, ud);
+        }
+        return;
+      case kWrite:
+      case kSync:
+        callbacks_->OnIoDone(CookieOf(ud), res);
+        return;
+      case kCancel:
+        return;  // the cancelled operation reports itself
+    }
+  }
+
+  IoLoopOptions options_;
+  IoCallbacks* callbacks_;
+  io_uring ring_{};
+  bool ring_ready_ = false;
+  io_uring_sqe* last_sqe_ = nullptr;
+  io_uring_buf_ring* buf_ring_ = nullptr;
+  size_t buf_ring_bytes_ = 0;
+  std::byte* buffers_ = nullptr;
+  size_t buffer_bytes_ = 0;
+  int listen_fd_ = -1;
+  std::vector<Conn> conns_;
+  uint32_t next_gen_ = 0;
+};
+
+}  // namespace
+
+Status NewUringLoop(const IoLoopOptions& options, IoCallbacks* callbacks,
+                    std::unique_ptr<IoLoop>* out) {
+  auto loop = std::make_unique<UringLoop>(options, callbacks);
+  if (Status s = loop->Init(); !s.ok()) return s;
+  *out = std::move(loop);
+  return Status::Ok();
+}
+
+}  // namespace postspool::daemon

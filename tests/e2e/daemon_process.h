@@ -1,0 +1,62 @@
+// A real postspoold process for end-to-end tests: its own directory tree
+// (socket, spool, quarantine, journal, metrics, log) under a temporary
+// directory, a configuration pointing at the test broker, start, stop with
+// SIGTERM, kill with SIGKILL. The binary is $POSTSPOOLD (set by meson).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace postspool::testing {
+
+class DaemonProcess {
+ public:
+  struct Options {
+    std::string broker_url;
+    std::string exchange;
+    std::string io_backend = "auto";
+    std::string durability = "accepted";
+    // More "key = value" lines for the configuration.
+    std::vector<std::string> extra_config;
+  };
+  explicit DaemonProcess(Options options);
+  ~DaemonProcess();  // kills a running daemon, removes the directory tree
+  DaemonProcess(const DaemonProcess&) = delete;
+  DaemonProcess& operator=(const DaemonProcess&) = delete;
+
+  // Starts postspoold and waits (up to 10 s) until its socket accepts a
+  // connection. False (with the log tail on stderr) if it did not come up.
+  bool Start();
+  // SIGTERM, then waits up to `timeout_ms`; returns the exit status, or -1
+  // if it had to be killed.
+  int Stop(int timeout_ms = 30000);
+  // SIGKILL and reap.
+  void Kill();
+  bool running() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }
+
+  const std::string& root() const { return root_; }
+  std::string socket_path() const { return root_ + "/run/postspoold.sock"; }
+  std::string spool_dir() const { return root_ + "/spool/incoming"; }
+  std::string quarantine_dir() const { return root_ + "/spool/quarantine"; }
+  std::string journal_dir() const { return root_ + "/journal"; }
+  std::string log_path() const { return root_ + "/postspoold.log"; }
+  // The counters of the metrics file (written every 100 ms and at exit),
+  // without the "postspool_" prefix.
+  std::map<std::string, uint64_t> Metrics() const;
+  std::string LogText() const;
+
+ private:
+  Options options_;
+  std::string root_;
+  pid_t pid_ = -1;
+};
+
+// Removes a directory tree (rm -rf), for test cleanup.
+void RemoveTree(const std::string& path);
+
+}  // namespace postspool::testing

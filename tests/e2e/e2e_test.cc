@@ -1,0 +1,530 @@
+// End to end: short-lived client processes post through libpostspool to a
+// real postspoold, which publishes to a real RabbitMQ (started by the broker
+// fixture on loopback). Every test runs on both ingest backends.
+//
+// What is checked is the delivery contract (DESIGN.md): every post whose
+// postspool_post() returned success reaches the broker at least once, across
+// broker outages, daemon crashes and a daemon that is not running; the post
+// call stays within its budget; garbage and damage are counted and do not
+// hurt good posts. Duplicates are allowed and reported.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "broker/broker_fixture.h"
+#include "daemon_process.h"
+#include "post.h"
+#include "postspool.h"
+#include "segment_format.h"
+#include "segment_writer.h"
+#include "socket_protocol.h"
+
+namespace postspool::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+std::string Uuid(const uint8_t id[16]) {
+  static const char* hex = "0123456789abcdef";
+  std::string s;
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) s += '-';
+    s += hex[id[i] >> 4];
+    s += hex[id[i] & 15];
+  }
+  return s;
+}
+
+uint64_t Seed() {
+  if (const char* s = std::getenv("POSTSPOOL_TEST_SEED")) return std::strtoull(s, nullptr, 10);
+  return std::random_device{}();
+}
+
+// What a poster process reports: the ids of the posts that returned
+// success, and how long the slowest call took.
+struct PosterReport {
+  std::vector<std::string> ids;
+  std::vector<std::string> socket_ids;  // those the daemon acknowledged
+  int failures = 0;
+  std::map<int, int> transports;  // POSTSPOOL_TRANSPORT_* -> count
+  std::vector<double> latencies_ms;
+};
+
+struct PosterOptions {
+  std::string socket_path;
+  std::string spool_dir;
+  int posts = 1000;            // -1: until stop_file exists
+  std::string stop_file;
+  uint32_t budget_ms = 5;
+  int pause_us = 0;            // between posts
+  std::string report_file;     // where the child writes its report
+};
+
+// Runs in a forked child: posts, writes the report, exits.
+[[noreturn]] void PosterMain(const PosterOptions& o, int index) {
+  // Like a real short-lived process, the poster holds none of the test's
+  // descriptors (the broker fixture's supervisor waits for the end of file
+  // of a pipe, which an inherited copy would hold open).
+  ::close_range(3, ~0U, 0);
+  postspool_options opt;
+  postspool_options_init(&opt);
+  opt.socket_path = o.socket_path.c_str();
+  opt.spool_dir = o.spool_dir.c_str();
+  opt.budget_ms = o.budget_ms;
+  postspool_client* client = nullptr;
+  if (postspool_open(&opt, &client) != 0) ::_exit(2);
+  FILE* out = std::fopen(o.report_file.c_str(), "w");
+  if (out == nullptr) ::_exit(3);
+  for (int i = 0; o.posts < 0 || i < o.posts; ++i) {
+    if (o.posts < 0 && i % 16 == 0 && ::access(o.stop_file.c_str(), F_OK) == 0) break;
+    const std::string rel = "e2e/p" + std::to_string(index) + "/d" + std::to_string(i % 7) +
+                            "/f" + std::to_string(i) + ".dat";
+    struct postspool_post post;
+    postspool_post_init(&post);
+    post.rel_path = rel.c_str();
+    post.has_size = 1;
+    post.size = i;
+    postspool_post_result result;
+    const auto start = Clock::now();
+    const int rc = postspool_post(client, &post, &result);
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    if (rc == 0) {
+      std::fprintf(out, "ok %s %d %.3f\n", Uuid(result.id).c_str(), result.transport, ms);
+    } else {
+      std::fprintf(out, "fail %d %.3f %s\n", rc, ms, postspool_last_error());
+    }
+    if (o.pause_us > 0) ::usleep(static_cast<useconds_t>(o.pause_us));
+  }
+  std::fclose(out);
+  postspool_close(client);
+  ::_exit(0);
+}
+
+PosterReport ReadReport(const std::string& path) {
+  PosterReport r;
+  std::ifstream in(path);
+  std::string kind;
+  while (in >> kind) {
+    if (kind == "ok") {
+      std::string id;
+      int transport;
+      double ms;
+      in >> id >> transport >> ms;
+      r.ids.push_back(id);
+      if (transport == POSTSPOOL_TRANSPORT_SOCKET) r.socket_ids.push_back(id);
+      ++r.transports[transport];
+      r.latencies_ms.push_back(ms);
+    } else {
+      int rc;
+      double ms;
+      in >> rc >> ms;
+      std::string rest;
+      std::getline(in, rest);
+      ++r.failures;
+      r.latencies_ms.push_back(ms);
+      if (r.failures <= 3) std::fprintf(stderr, "post failed: %d%s\n", rc, rest.c_str());
+    }
+  }
+  return r;
+}
+
+class Posters {
+ public:
+  Posters(PosterOptions o, int count, const std::string& dir) : o_(std::move(o)) {
+    for (int i = 0; i < count; ++i) {
+      PosterOptions mine = o_;
+      mine.report_file = dir + "/poster-" + std::to_string(i) + ".txt";
+      files_.push_back(mine.report_file);
+      const pid_t pid = ::fork();
+      if (pid == 0) PosterMain(mine, i);
+      pids_.push_back(pid);
+    }
+  }
+  // Waits for all; merges their reports.
+  PosterReport Wait() {
+    PosterReport all;
+    for (size_t i = 0; i < pids_.size(); ++i) {
+      int status = 0;
+      ::waitpid(pids_[i], &status, 0);
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "poster " << i;
+      PosterReport r = ReadReport(files_[i]);
+      all.ids.insert(all.ids.end(), r.ids.begin(), r.ids.end());
+      all.socket_ids.insert(all.socket_ids.end(), r.socket_ids.begin(), r.socket_ids.end());
+      all.failures += r.failures;
+      for (auto [t, n] : r.transports) all.transports[t] += n;
+      all.latencies_ms.insert(all.latencies_ms.end(), r.latencies_ms.begin(), r.latencies_ms.end());
+    }
+    pids_.clear();
+    return all;
+  }
+
+ private:
+  PosterOptions o_;
+  std::vector<pid_t> pids_;
+  std::vector<std::string> files_;
+};
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
+}
+
+class EndToEnd : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    POSTSPOOL_REQUIRE_BROKER();
+    broker_ = BrokerEnvironment::broker();
+    static int n = 0;
+    const std::string tag = GetParam() + std::to_string(++n) + "_" + std::to_string(::getpid());
+    exchange_ = "xs_e2e_" + tag;
+    queue_ = "q_e2e_" + tag;
+    ASSERT_TRUE(consumer_.Connect(broker_->url()).ok());
+    ASSERT_TRUE(consumer_.DeclareExchange(exchange_).ok());
+  }
+  void TearDown() override {
+    if (daemon_) daemon_->Stop();
+    if (broker_ && !broker_->running()) {
+      // A test that stopped the broker and failed before restarting it.
+      (void)broker_->Start();
+    }
+    if (consumer_connected()) {
+      (void)consumer_.DeleteQueue(queue_);
+      (void)consumer_.DeleteExchange(exchange_);
+    }
+  }
+  bool consumer_connected() { return broker_ != nullptr && broker_->running(); }
+
+  void BindQueue(const AmqpTestClient::QueueOptions& options = {}) {
+    ASSERT_TRUE(consumer_.DeclareBoundQueue(queue_, exchange_, options).ok());
+  }
+
+  DaemonProcess::Options DaemonOptions() {
+    DaemonProcess::Options o;
+    o.broker_url = broker_->url();
+    o.exchange = exchange_;
+    o.io_backend = GetParam();
+    return o;
+  }
+
+  bool StartDaemon(std::vector<std::string> extra = {}) {
+    auto o = DaemonOptions();
+    o.extra_config = std::move(extra);
+    daemon_ = std::make_unique<DaemonProcess>(o);
+    return daemon_->Start();
+  }
+
+  PosterOptions Poster(int posts) {
+    PosterOptions o;
+    o.socket_path = daemon_->socket_path();
+    o.spool_dir = daemon_->spool_dir();
+    o.posts = posts;
+    return o;
+  }
+
+  // Collects messages until every id in `want` has arrived (or the time is
+  // up); returns how many times each id arrived, counting what earlier calls
+  // of this test collected.
+  const std::map<std::string, int>& Collect(const std::vector<std::string>& want,
+                                            std::chrono::seconds timeout = 120s) {
+    std::map<std::string, int>& seen = seen_;
+    const std::set<std::string> wanted(want.begin(), want.end());
+    size_t found = 0;
+    for (const std::string& id : wanted) found += seen.count(id);
+    const auto deadline = Clock::now() + timeout;
+    while (Clock::now() < deadline) {
+      std::vector<ReceivedMessage> got;
+      const Status s = consumer_.GetAll(queue_, &got);
+      if (!s.ok()) {
+        // The broker may be restarting: reconnect and go on.
+        std::this_thread::sleep_for(200ms);
+        consumer_.Disconnect();
+        (void)consumer_.Connect(broker_->url());
+        continue;
+      }
+      for (const ReceivedMessage& m : got) {
+        EXPECT_EQ(m.content_type, "application/json");
+        EXPECT_EQ(m.delivery_mode, 2);
+        if (++seen[m.message_id] == 1 && wanted.count(m.message_id)) ++found;
+      }
+      if (found >= wanted.size()) break;
+      if (got.empty()) std::this_thread::sleep_for(50ms);
+    }
+    return seen;
+  }
+
+  // Asserts every id arrived; reports duplicates.
+  void ExpectAllArrived(const std::vector<std::string>& ids, std::chrono::seconds timeout = 120s) {
+    const auto& seen = Collect(ids, timeout);
+    size_t missing = 0, duplicates = 0;
+    for (const std::string& id : ids) {
+      auto it = seen.find(id);
+      if (it == seen.end()) {
+        if (++missing <= 5) ADD_FAILURE() << "post " << id << " never arrived";
+      } else if (it->second > 1) {
+        duplicates += static_cast<size_t>(it->second - 1);
+      }
+    }
+    EXPECT_EQ(missing, 0u) << "of " << ids.size() << " posts";
+    std::printf("[ report ] %zu posts, %zu arrived, %zu duplicates\n", ids.size(),
+                ids.size() - missing, duplicates);
+    RecordProperty("posts", static_cast<int>(ids.size()));
+    RecordProperty("duplicates", static_cast<int>(duplicates));
+  }
+
+  std::string ReportDir() { return daemon_->root(); }
+
+  BrokerProcess* broker_ = nullptr;
+  AmqpTestClient consumer_;
+  std::string exchange_;
+  std::string queue_;
+  std::unique_ptr<DaemonProcess> daemon_;
+  std::map<std::string, int> seen_;  // message id -> times received
+};
+
+TEST_P(EndToEnd, ThirtyTwoProcessesOfAThousandPostsEachAllArrive) {
+  BindQueue();
+  ASSERT_TRUE(StartDaemon());
+  PosterOptions o = Poster(1000);
+  o.budget_ms = 50;  // 32 processes on 2 cores: leave room for the scheduler
+  const PosterReport r = Posters(o, 32, ReportDir()).Wait();
+  EXPECT_EQ(r.failures, 0);
+  ASSERT_EQ(r.ids.size(), 32000u);
+  std::printf("[ report ] transports: socket %d, spool %d; post call p50 %.3f ms, p99 %.3f ms\n",
+              r.transports.count(1) ? r.transports.at(1) : 0,
+              r.transports.count(2) ? r.transports.at(2) : 0, Percentile(r.latencies_ms, 0.5),
+              Percentile(r.latencies_ms, 0.99));
+  ExpectAllArrived(r.ids);
+}
+
+TEST_P(EndToEnd, BrokerStoppedForTwentySecondsLosesNothingAndPostsStayWithinBudget) {
+  BindQueue();
+  ASSERT_TRUE(StartDaemon());
+  PosterOptions o = Poster(-1);
+  o.stop_file = ReportDir() + "/stop";
+  o.budget_ms = 20;
+  o.pause_us = 2000;
+  Posters posters(o, 4, ReportDir());
+  std::this_thread::sleep_for(2s);
+  ASSERT_TRUE(broker_->Stop().ok());
+  std::this_thread::sleep_for(20s);
+  ASSERT_TRUE(broker_->Start().ok()) << broker_->LogTail();
+  std::this_thread::sleep_for(2s);
+  { std::ofstream(o.stop_file) << "stop"; }
+  const PosterReport r = posters.Wait();
+  EXPECT_EQ(r.failures, 0);
+  // The budget is a bound on the call, checked with slack for a loaded
+  // 2-core machine (the broker restarting takes a core): no call may hang.
+  const double max_ms = r.latencies_ms.empty() ? 0 : *std::max_element(r.latencies_ms.begin(), r.latencies_ms.end());
+  std::printf("[ report ] %zu posts during the outage test; slowest call %.1f ms (budget %u ms)\n",
+              r.ids.size(), max_ms, o.budget_ms);
+  EXPECT_LT(max_ms, o.budget_ms + 250.0);
+  consumer_.Disconnect();
+  ASSERT_TRUE(consumer_.Connect(broker_->url()).ok());
+  ExpectAllArrived(r.ids);
+}
+
+TEST_P(EndToEnd, PostsMadeWhileTheDaemonIsDownArriveOnceItStartsAndTheSpoolIsEmptied) {
+  BindQueue();
+  daemon_ = std::make_unique<DaemonProcess>(DaemonOptions());
+  std::filesystem::create_directories(daemon_->spool_dir());
+  PosterOptions o;
+  o.socket_path = daemon_->socket_path();
+  o.spool_dir = daemon_->spool_dir();
+  o.posts = 500;
+  const PosterReport r = Posters(o, 4, daemon_->root()).Wait();
+  EXPECT_EQ(r.failures, 0);
+  EXPECT_EQ(r.transports.count(2) ? r.transports.at(2) : 0, 2000);
+  EXPECT_FALSE(std::filesystem::is_empty(daemon_->spool_dir()));
+  ASSERT_TRUE(daemon_->Start());
+  ExpectAllArrived(r.ids);
+  const auto deadline = Clock::now() + 10s;
+  while (!std::filesystem::is_empty(daemon_->spool_dir()) && Clock::now() < deadline) {
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(daemon_->spool_dir()));
+  EXPECT_EQ(daemon_->Metrics()["spool_posts_adopted_total"], 2000u);
+}
+
+TEST_P(EndToEnd, DaemonKilledTwentyTimesLosesNoAcknowledgedPost) {
+  const uint64_t seed = Seed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (re-run with POSTSPOOL_TEST_SEED)");
+  std::mt19937_64 rng(seed);
+  BindQueue();
+  ASSERT_TRUE(StartDaemon());
+  PosterOptions o = Poster(-1);
+  o.stop_file = ReportDir() + "/stop";
+  o.budget_ms = 20;
+  o.pause_us = 500;
+  Posters posters(o, 4, ReportDir());
+  for (int i = 0; i < 20; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100 + rng() % 400));
+    daemon_->Kill();
+    std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 100));
+    ASSERT_TRUE(daemon_->Start()) << "restart " << i;
+  }
+  std::this_thread::sleep_for(500ms);
+  { std::ofstream(o.stop_file) << "stop"; }
+  const PosterReport r = posters.Wait();
+  EXPECT_EQ(r.failures, 0);
+  std::printf("[ report ] transports: socket %d, spool %d\n",
+              r.transports.count(1) ? r.transports.at(1) : 0,
+              r.transports.count(2) ? r.transports.at(2) : 0);
+  ExpectAllArrived(r.ids);
+}
+
+TEST_P(EndToEnd, BrokerNacksOnAFullQueueAndEveryPostArrivesOnceThereIsRoom) {
+  AmqpTestClient::QueueOptions q;
+  q.max_length = 50;
+  q.overflow = "reject-publish";
+  BindQueue(q);
+  ASSERT_TRUE(StartDaemon({"reconnect_delay_initial_ms = 20", "reconnect_delay_max_ms = 200"}));
+  const PosterReport r = Posters(Poster(500), 1, ReportDir()).Wait();
+  EXPECT_EQ(r.failures, 0);
+  ExpectAllArrived(r.ids);
+  EXPECT_GT(daemon_->Metrics()["nacked_total"], 0u) << "the queue limit should have made the broker nack";
+}
+
+// Sends one packet on a new connection; true if it was sent.
+bool SendPacket(const std::string& socket_path, const std::vector<std::byte>& packet) {
+  const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  // Packets above the default send buffer need a bigger one (root only).
+  const int sndbuf = 4 << 20;
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &sndbuf, sizeof sndbuf);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", socket_path.c_str());
+  bool sent = false;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+    sent = ::send(fd, packet.data(), packet.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(packet.size());
+    char buf[64];
+    timeval tv{0, 200000};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    (void)::recv(fd, buf, sizeof buf, 0);
+  }
+  ::close(fd);
+  return sent;
+}
+
+TEST_P(EndToEnd, GarbageOnTheSocketAndDamagedSpoolFilesAreCountedAndGoodPostsArrive) {
+  BindQueue();
+  ASSERT_TRUE(StartDaemon());
+  std::mt19937_64 rng(Seed());
+  // Random bytes, an oversized packet, a truncated record, a bad count.
+  uint64_t sent = 0;
+  for (int i = 0; i < 20; ++i) {
+    std::vector<std::byte> junk(1 + rng() % 2000);
+    for (auto& b : junk) b = std::byte(rng());
+    sent += SendPacket(daemon_->socket_path(), junk);
+  }
+  sent += SendPacket(daemon_->socket_path(), std::vector<std::byte>(300 * 1024, std::byte{0x41}));
+  PostData p;
+  p.id = NewPostId();
+  p.rel_path = "garbage/test";
+  flatbuffers::FlatBufferBuilder b;
+  BuildPost(p, &b);
+  std::vector<std::byte> good(wire::kRequestHeaderBytes);
+  wire::RequestHeader h;
+  h.record_count = 1;
+  wire::EncodeRequestHeader(h, std::span<std::byte, wire::kRequestHeaderBytes>(good.data(), wire::kRequestHeaderBytes));
+  auto span = b.GetBufferSpan();
+  ASSERT_TRUE(segment::AppendRecord(std::as_bytes(std::span(span.data(), span.size())), &good).ok());
+  sent += SendPacket(daemon_->socket_path(), std::vector<std::byte>(good.begin(), good.end() - 9));
+  auto wrong_count = good;
+  wrong_count[6] = std::byte{3};
+  sent += SendPacket(daemon_->socket_path(), wrong_count);
+  EXPECT_GE(sent, 22u);
+
+  // A spool segment with a damaged record in the middle, one with a damaged
+  // header, and a file that is not a spool segment at all.
+  std::vector<std::string> spooled_ids;
+  {
+    std::vector<std::byte> seg(segment::kHeaderBytes);
+    segment::EncodeHeader(segment::NewHeader(segment::NewSegmentId()),
+                          std::span<std::byte, segment::kHeaderBytes>(seg.data(), segment::kHeaderBytes));
+    size_t damaged_at = 0;
+    for (int i = 0; i < 10; ++i) {
+      PostData sp;
+      sp.id = NewPostId();
+      sp.rel_path = "spooled/" + std::to_string(i);
+      flatbuffers::FlatBufferBuilder sb;
+      BuildPost(sp, &sb);
+      if (i == 5) damaged_at = seg.size() + 20;
+      auto s = sb.GetBufferSpan();
+      ASSERT_TRUE(segment::AppendRecord(std::as_bytes(std::span(s.data(), s.size())), &seg).ok());
+      if (i != 5) {
+        uint8_t raw[16];
+        for (int k = 0; k < 8; ++k) {
+          raw[k] = static_cast<uint8_t>(sp.id.hi >> (56 - 8 * k));
+          raw[8 + k] = static_cast<uint8_t>(sp.id.lo >> (56 - 8 * k));
+        }
+        spooled_ids.push_back(Uuid(raw));
+      }
+    }
+    seg[damaged_at] ^= std::byte{0xff};
+    const std::string name = daemon_->spool_dir() + "/" +
+                             segment::SpoolSealedName(::geteuid(), segment::NewSegmentId());
+    std::ofstream(name, std::ios::binary).write(reinterpret_cast<const char*>(seg.data()),
+                                                 static_cast<std::streamsize>(seg.size()));
+    seg[3] ^= std::byte{1};  // header damaged
+    const std::string bad = daemon_->spool_dir() + "/" +
+                            segment::SpoolSealedName(::geteuid(), segment::NewSegmentId());
+    std::ofstream(bad, std::ios::binary).write(reinterpret_cast<const char*>(seg.data()),
+                                                static_cast<std::streamsize>(seg.size()));
+    std::ofstream(daemon_->spool_dir() + "/not-a-segment") << "hello";
+  }
+  // Good posts through the library keep working.
+  const PosterReport r = Posters(Poster(200), 2, ReportDir()).Wait();
+  EXPECT_EQ(r.failures, 0);
+  std::vector<std::string> want = r.ids;
+  want.insert(want.end(), spooled_ids.begin(), spooled_ids.end());
+  ExpectAllArrived(want);
+  ASSERT_TRUE(daemon_->running());
+  const auto deadline = Clock::now() + 5s;
+  while (daemon_->Metrics()["spool_files_quarantined_total"] < 3 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(50ms);
+  }
+  auto m = daemon_->Metrics();
+  EXPECT_GE(m["requests_malformed_total"], sent);
+  EXPECT_GE(m["spool_files_quarantined_total"], 3u);  // bad header, junk, and the damaged one after adoption
+  EXPECT_GT(m["spool_bytes_skipped_total"], 0u);
+  EXPECT_EQ(daemon_->Stop(), 0);
+}
+
+TEST_P(EndToEnd, SigtermPublishesWhatIsJournaledAndExitsZeroAndTheSpoolWaitsForTheNextStart) {
+  BindQueue();
+  ASSERT_TRUE(StartDaemon());
+  const PosterReport r = Posters(Poster(1000), 2, ReportDir()).Wait();
+  EXPECT_EQ(r.failures, 0);
+  EXPECT_EQ(daemon_->Stop(), 0);
+  // What the daemon acknowledged was published before it exited.
+  ExpectAllArrived(r.socket_ids, 10s);
+  // Posts that went to the spool (under load, past the socket's share of the
+  // budget) wait there for the next start.
+  ASSERT_TRUE(daemon_->Start());
+  ExpectAllArrived(r.ids);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, EndToEnd, ::testing::Values("io_uring", "epoll"),
+                         [](const auto& param_info) { return param_info.param; });
+
+}  // namespace
+}  // namespace postspool::testing
