@@ -184,8 +184,9 @@ int Client::Post(const struct postspool_post* post, postspool_post_result* resul
     // and the timeout would drop a healthy connection and back off.
     const auto socket_share = socket_deadline - start;
     if (options_.socket_share_pct > 0 && socket_deadline - Clock::now() < socket_share / 2) {
-      daemon_reason = "not tried: another thread's post held the client for most of the "
-                      "socket's share of the budget";
+      daemon_reason = "not tried: less than half of the socket's share of the budget was "
+                      "left (another thread's post held the client, or this one was "
+                      "descheduled)";
     } else if (options_.socket_share_pct > 0) {
       DaemonSocket::Result r = state_->socket.Post(record, 1, socket_deadline);
       if (r.accepted) {

@@ -19,7 +19,8 @@ using Deadline = segment::Deadline;
 // Connect lazily and keep the connection for later posts. After a failed
 // connect (or a daemon that said it is going away or cannot write its
 // journal) skip the socket for a back-off that starts at kBackOffInitial and
-// doubles up to kBackOffMax; an accepted post resets it. A connection whose
+// doubles up to kBackOffMax (short: a restarted daemon is used again
+// soon); an accepted post resets it. A connection whose
 // request timed out is dropped, so a late ack is never taken for a later
 // request's.
 //
@@ -28,7 +29,7 @@ using Deadline = segment::Deadline;
 class DaemonSocket {
  public:
   static constexpr std::chrono::milliseconds kBackOffInitial{1000};
-  static constexpr std::chrono::milliseconds kBackOffMax{30000};
+  static constexpr std::chrono::milliseconds kBackOffMax{5000};
 
   explicit DaemonSocket(std::string path) : path_(std::move(path)) {}
 

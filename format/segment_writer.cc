@@ -304,7 +304,10 @@ Status SegmentAppender::RollOver(Deadline deadline) {
 
 Status SegmentAppender::Append(std::span<const std::byte> records, Deadline deadline) {
   for (int attempt = 0; attempt < kReopenAttemptsMax; ++attempt) {
-    if (Clock::now() >= deadline) {
+    // The first attempt is made even when the deadline has passed (the
+    // caller was descheduled, say): it waits for nothing, and a post is
+    // better spooled a little late than failed.
+    if (attempt > 0 && Clock::now() >= deadline) {
       return Status(StatusCode::kTimedOut, "spool append deadline passed");
     }
     if (!fd_.valid() || opened_by_ != ::getpid()) {

@@ -90,7 +90,8 @@ class SegmentAppender {
   SegmentAppender(int dirfd, uid_t uid, Options options);
 
   // Appends whole framed records with one write. Returns kTimedOut if the
-  // deadline passed first; nothing is then written.
+  // deadline passed before it could (nothing is then written); one attempt
+  // that does not wait is made even if the deadline passed already.
   Status Append(std::span<const std::byte> records, Deadline deadline);
 
   // The segment the last successful Append wrote to (0 before any).
