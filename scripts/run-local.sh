@@ -63,10 +63,12 @@ for _ in $(seq 1 100); do
   sleep 0.1
 done
 
-# A queue bound to the exchange with '#', to watch the posts arrive.
-amqp-declare-queue --url amqp://guest:guest@localhost/ -q postspool-demo >/dev/null
-amqp-consume --url amqp://guest:guest@localhost/ -q postspool-demo -e xs_guest -r '#' -c 3 \
-  sh -c 'cat; echo' > "$state/demo-received.txt" 2>&1 &
+# A queue bound to the exchange with '#' (amqp-consume declares it, and it
+# goes away with the consumer), to watch the posts arrive.
+printf '#!/bin/sh\ncat\necho\n' > "$state/show-message.sh"   # one message body per line
+chmod +x "$state/show-message.sh"
+amqp-consume --server localhost --port 5672 -q postspool-demo -e xs_guest -r '#' -c 3 \
+  "$state/show-message.sh" > "$state/demo-received.txt" 2>&1 &
 consumer=$!
 sleep 1
 
