@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -125,13 +126,23 @@ bool Exited(pid_t pid) {
   ::dup2(null_fd, 0);
   ::dup2(log_fd, 1);
   ::dup2(log_fd, 2);
+  // Should the supervisor itself be killed (kill -9 of the whole test
+  // binary's process tree), its children learn it from the kernel: epmd
+  // dies, the broker's script stops the broker.
+  const pid_t self = ::getpid();
   // Private epmd, listening before the node starts.
   const pid_t epmd = ::fork();
-  if (epmd == 0) ExecChild(epmd_argv, envp);
+  if (epmd == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != self) ::_exit(1);
+    ExecChild(epmd_argv, envp);
+  }
   for (int i = 0; i < 250 && !PortAccepts(epmd_port); ++i) SleepMs(20);
   const pid_t server = ::fork();
   if (server == 0) {
     ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != self) ::_exit(1);
     ExecChild(server_argv, envp);
   }
   if (server > 0) ::setpgid(server, server);  // either side may run first

@@ -28,6 +28,15 @@ DaemonProcess::DaemonProcess(Options options) : options_(std::move(options)) {
   const char* base = std::getenv("TMPDIR");
   std::string tmpl = std::string(base && *base ? base : "/tmp") + "/postspoold-test-XXXXXX";
   root_ = ::mkdtemp(tmpl.data()) ? tmpl : "";
+  WriteConfig();
+}
+
+void DaemonProcess::Reconfigure(Options options) {
+  options_ = std::move(options);
+  WriteConfig();
+}
+
+void DaemonProcess::WriteConfig() const {
   std::ofstream conf(root_ + "/postspoold.conf");
   conf << "socket_path = " << socket_path() << "\n"
        << "spool_dir = " << spool_dir() << "\n"

@@ -36,6 +36,8 @@ class DaemonProcess {
   int Stop(int timeout_ms = 30000);
   // SIGKILL and reap.
   void Kill();
+  // Rewrites the configuration (same directory tree) for the next Start().
+  void Reconfigure(Options options);
   bool running() const { return pid_ > 0; }
   pid_t pid() const { return pid_; }
 
@@ -51,6 +53,8 @@ class DaemonProcess {
   std::string LogText() const;
 
  private:
+  void WriteConfig() const;
+
   Options options_;
   std::string root_;
   pid_t pid_ = -1;

@@ -292,6 +292,18 @@ class EndToEnd : public ::testing::TestWithParam<std::string> {
 
   std::string ReportDir() { return daemon_->root(); }
 
+  // The daemon's counter once it reached `at_least` (the metrics file is
+  // rewritten every 100 ms), or its value after 5 s.
+  uint64_t WaitForMetric(const std::string& name, uint64_t at_least) {
+    const auto deadline = Clock::now() + 5s;
+    uint64_t v = daemon_->Metrics()[name];
+    while (v < at_least && Clock::now() < deadline) {
+      std::this_thread::sleep_for(50ms);
+      v = daemon_->Metrics()[name];
+    }
+    return v;
+  }
+
   BrokerProcess* broker_ = nullptr;
   AmqpTestClient consumer_;
   std::string exchange_;
@@ -500,10 +512,7 @@ TEST_P(EndToEnd, GarbageOnTheSocketAndDamagedSpoolFilesAreCountedAndGoodPostsArr
   want.insert(want.end(), spooled_ids.begin(), spooled_ids.end());
   ExpectAllArrived(want);
   ASSERT_TRUE(daemon_->running());
-  const auto deadline = Clock::now() + 5s;
-  while (daemon_->Metrics()["spool_files_quarantined_total"] < 3 && Clock::now() < deadline) {
-    std::this_thread::sleep_for(50ms);
-  }
+  WaitForMetric("spool_files_quarantined_total", 3);
   auto m = daemon_->Metrics();
   EXPECT_GE(m["requests_malformed_total"], sent);
   EXPECT_GE(m["spool_files_quarantined_total"], 3u);  // bad header, junk, and the damaged one after adoption
@@ -523,6 +532,56 @@ TEST_P(EndToEnd, SigtermPublishesWhatIsJournaledAndExitsZeroAndTheSpoolWaitsForT
   // budget) wait there for the next start.
   ASSERT_TRUE(daemon_->Start());
   ExpectAllArrived(r.ids);
+}
+
+TEST_P(EndToEnd, AtTheDiskQuotaPostsFailWithEnospaceAndNothingAcceptedIsLost) {
+  BindQueue();
+  // A broker that is not there: nothing is confirmed, so the journal grows
+  // until it reaches disk_bytes_max.
+  auto o = DaemonOptions();
+  o.broker_url = "amqp://guest:guest@127.0.0.1:" + std::to_string(UnusedPort()) + "/";
+  o.extra_config = {"disk_bytes_max = 256 KiB"};
+  daemon_ = std::make_unique<DaemonProcess>(o);
+  ASSERT_TRUE(daemon_->Start());
+  postspool_options opt;
+  postspool_options_init(&opt);
+  const std::string socket_path = daemon_->socket_path();
+  const std::string spool_dir = daemon_->spool_dir();
+  opt.socket_path = socket_path.c_str();
+  opt.spool_dir = spool_dir.c_str();
+  opt.budget_ms = 1000;
+  postspool_client* client = nullptr;
+  ASSERT_EQ(postspool_open(&opt, &client), 0);
+  std::vector<std::string> accepted;
+  int enospace = 0;
+  for (int i = 0; i < 5000 && enospace < 10; ++i) {
+    const std::string rel = "quota/f" + std::to_string(i);
+    struct postspool_post post;
+    postspool_post_init(&post);
+    post.rel_path = rel.c_str();
+    postspool_post_result result;
+    const int rc = postspool_post(client, &post, &result);
+    if (rc == 0) {
+      EXPECT_EQ(enospace, 0) << "a post succeeded after the quota was reached";
+      EXPECT_EQ(result.transport, POSTSPOOL_TRANSPORT_SOCKET);
+      accepted.push_back(Uuid(result.id));
+    } else {
+      EXPECT_EQ(rc, POSTSPOOL_ENOSPACE) << postspool_last_error();
+      EXPECT_NE(std::string(postspool_last_error()).find("disk_bytes_max"), std::string::npos)
+          << postspool_last_error();
+      ++enospace;
+    }
+  }
+  postspool_close(client);
+  EXPECT_EQ(enospace, 10);
+  EXPECT_GT(accepted.size(), 100u);
+  EXPECT_TRUE(std::filesystem::is_empty(daemon_->spool_dir())) << "nothing spooled at the quota";
+  EXPECT_GE(WaitForMetric("requests_refused_full_total", 10), 10u);
+  EXPECT_EQ(daemon_->Stop(), 0);
+  // With the broker back, everything accepted arrives.
+  daemon_->Reconfigure(DaemonOptions());
+  ASSERT_TRUE(daemon_->Start());
+  ExpectAllArrived(accepted);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, EndToEnd, ::testing::Values("io_uring", "epoll"),
