@@ -303,13 +303,12 @@ Status SegmentAppender::RollOver(Deadline deadline) {
 }
 
 Status SegmentAppender::Append(std::span<const std::byte> records, Deadline deadline) {
+  // No deadline check of its own: every step either waits for nothing
+  // (open, create, rename) or waits at most until the deadline (the locks,
+  // which are tried once even past it), and the attempts are bounded. So a
+  // caller that was descheduled past its deadline, or whose segment the
+  // daemon just took, still gets its post spooled rather than failed.
   for (int attempt = 0; attempt < kReopenAttemptsMax; ++attempt) {
-    // The first attempt is made even when the deadline has passed (the
-    // caller was descheduled, say): it waits for nothing, and a post is
-    // better spooled a little late than failed.
-    if (attempt > 0 && Clock::now() >= deadline) {
-      return Status(StatusCode::kTimedOut, "spool append deadline passed");
-    }
     if (!fd_.valid() || opened_by_ != ::getpid()) {
       // A forked child must not share its parent's open file description:
       // flock locks belong to it, and the child's unlock would drop the

@@ -89,9 +89,9 @@ class SegmentAppender {
   // `dirfd` is borrowed and must remain open while the appender is used.
   SegmentAppender(int dirfd, uid_t uid, Options options);
 
-  // Appends whole framed records with one write. Returns kTimedOut if the
-  // deadline passed before it could (nothing is then written); one attempt
-  // that does not wait is made even if the deadline passed already.
+  // Appends whole framed records with one write. Waits (for segment locks)
+  // at most until the deadline: kTimedOut then, and nothing is written.
+  // Steps that do not wait are made even past the deadline.
   Status Append(std::span<const std::byte> records, Deadline deadline);
 
   // The segment the last successful Append wrote to (0 before any).

@@ -334,7 +334,7 @@ TEST_P(EndToEnd, BrokerStoppedForTwentySecondsLosesNothingAndPostsStayWithinBudg
   o.stop_file = ReportDir() + "/stop";
   // A budget that a 2-core machine restarting RabbitMQ (which takes a core
   // for seconds) can keep: the outage must not make posts slow or fail.
-  o.budget_ms = 100;
+  o.budget_ms = 500;
   o.pause_us = 2000;
   Posters posters(o, 4, ReportDir());
   std::this_thread::sleep_for(2s);
@@ -350,7 +350,7 @@ TEST_P(EndToEnd, BrokerStoppedForTwentySecondsLosesNothingAndPostsStayWithinBudg
   const double max_ms = r.latencies_ms.empty() ? 0 : *std::max_element(r.latencies_ms.begin(), r.latencies_ms.end());
   std::printf("[ report ] %zu posts during the outage test; slowest call %.1f ms (budget %u ms)\n",
               r.ids.size(), max_ms, o.budget_ms);
-  EXPECT_LT(max_ms, o.budget_ms + 250.0);
+  EXPECT_LT(max_ms, o.budget_ms + 500.0);
   consumer_.Disconnect();
   ASSERT_TRUE(consumer_.Connect(broker_->url()).ok());
   ExpectAllArrived(r.ids);
