@@ -1,5 +1,7 @@
 #include "amqp_url.h"
 
+#include <string_view>
+
 #include <amqp.h>
 
 #include <vector>
@@ -42,8 +44,9 @@ Status ParseBrokerUrl(std::string_view url, BrokerUrl* out) {
   b.port = info.port;
   b.user = info.user;
   b.password = info.password;
-  b.vhost = info.vhost;
-  if (b.vhost.empty()) b.vhost = "/";
+  // A URL ending in '/' means vhost "/", as Sarracenia reads it.
+  const std::string_view vhost = info.vhost != nullptr ? info.vhost : "";
+  b.vhost = vhost.empty() ? std::string_view("/") : vhost;
   if (b.host.empty()) {
     return Status(StatusCode::kInvalidArgument, "broker URL " + display + " names no host");
   }

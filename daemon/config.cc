@@ -83,6 +83,7 @@ Status ParseConfig(const std::string& text, const std::string& origin, Config* c
       {"connections_max", [&](auto v) { return ParseU32(v, &c->connections_max) && c->connections_max > 0; }},
       {"batch_records_max", [&](auto v) { return ParseU32(v, &c->batch_records_max) && c->batch_records_max > 0; }},
       {"batch_bytes_max", [&](auto v) { return ParseSize(v, &c->batch_bytes_max) && c->batch_bytes_max >= (256u << 10); }},
+      {"dedupe_window_posts", [&](auto v) { return ParseU32(v, &c->dedupe_window_posts) && c->dedupe_window_posts <= (1u << 24); }},
       {"spool_rescan_interval_ms", [&](auto v) { return ParseU32(v, &c->spool_rescan_interval_ms) && c->spool_rescan_interval_ms > 0; }},
       {"journal_segment_bytes_max", [&](auto v) { return ParseSize(v, &c->journal_segment_bytes_max) && c->journal_segment_bytes_max >= (1u << 20); }},
       {"disk_bytes_max", [&](auto v) { return ParseSize(v, &c->disk_bytes_max) && c->disk_bytes_max > 0; }},

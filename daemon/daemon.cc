@@ -21,6 +21,7 @@
 #include "metrics.h"
 #include "notify.h"
 #include "post.h"
+#include "recent_ids.h"
 #include "segment_format.h"
 #include "socket_protocol.h"
 #include "spool_adopter.h"
@@ -115,18 +116,20 @@ struct Batch {
   std::vector<PendingAck> acks;
   uint32_t records = 0;
   uint32_t adopted = 0;  // of the records, how many came from the spool
+  std::vector<PostId> socket_ids;  // ids of the records from the socket
   void Clear() {
     bytes.clear();
     acks.clear();
     records = 0;
     adopted = 0;
+    socket_ids.clear();
   }
 };
 
 class Daemon final : public IoCallbacks {
  public:
   explicit Daemon(const Config& config)
-      : config_(config), adopter_(config, &metrics_) {}
+      : config_(config), adopter_(config, &metrics_), recent_ids_(config.dedupe_window_posts) {}
 
   Status Start();
   Status Run();
@@ -164,6 +167,7 @@ class Daemon final : public IoCallbacks {
   std::unique_ptr<JournalWriter> journal_;
   std::unique_ptr<Forwarder> forwarder_;
   SpoolAdopter adopter_;
+  RecentIds recent_ids_;  // of socket posts journaled; see recent_ids.h
   std::unique_ptr<IoLoop> loop_;
   UniqueFd listen_fd_;
   UniqueFd signal_fd_;
@@ -198,6 +202,7 @@ Status Daemon::Start() {
   JournalWriter::Options jo;
   jo.dir = config_.journal_dir;
   jo.segment_bytes_max = config_.journal_segment_bytes_max;
+  jo.sync = config_.durability == Durability::kSynced;
   if (Status s = JournalWriter::Open(jo, &usage_, &journal_); !s.ok()) {
     return Status(s.code(), "journal: " + s.message());
   }
@@ -372,11 +377,14 @@ void Daemon::HandleRequest(int fd, const Conn& conn, std::span<const std::byte> 
   for (uint16_t i = 0; i < h.record_count; ++i) {
     uint32_t len = 0;
     (void)segment::CheckFrame(rest, segment::kRecordPayloadMax, &len);
-    if (!Stamp(rest.subspan(segment::kRecordHeaderBytes, len), conn.uid, conn.gid, conn.pid,
-               &filling_)) {
+    const auto payload = rest.subspan(segment::kRecordHeaderBytes, len);
+    if (!Stamp(payload, conn.uid, conn.gid, conn.pid, &filling_)) {
       filling_.bytes.resize(mark);
+      filling_.socket_ids.resize(filling_.socket_ids.size() - i);
       return Reject(fd, conn, &h, wire::AckStatus::kMalformed, "post fails validation");
     }
+    const fb::PostId* id = PostFromPayload(payload).id();
+    filling_.socket_ids.push_back(PostId{id->hi(), id->lo()});
     rest = rest.subspan(segment::RecordBytes(len));
   }
   filling_.records += h.record_count;
@@ -425,6 +433,13 @@ void Daemon::FeedAdoption() {
          filling_.bytes.size() + segment::RecordBytes(segment::kRecordPayloadMax) * 2 <
              config_.batch_bytes_max &&
          adopter_.Next(&a)) {
+    const fb::PostId* id = PostFromPayload(a.payload).id();
+    if (recent_ids_.Contains(PostId{id->hi(), id->lo()})) {
+      // Journaled from the socket already; the client spooled it too
+      // because the acknowledgement came too late for it.
+      metrics_.spool_posts_deduplicated_total.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
     if (!Stamp(a.payload, a.uid, a.gid, std::nullopt, &filling_)) {
       metrics_.spool_bytes_skipped_total.fetch_add(a.payload.size(), std::memory_order_relaxed);
       PS_LOG_WARNING("spool: a post of uid %u fails validation; skipped", static_cast<unsigned>(a.uid));
@@ -476,6 +491,7 @@ void Daemon::OnIoDone(uint64_t cookie, int64_t result) {
 
 void Daemon::BatchCommitted() {
   commits_.Publish(journal_->Committed());
+  for (const PostId& id : writing_.socket_ids) recent_ids_.Add(id);
   for (const PendingAck& a : writing_.acks) {
     SendAck(a.fd, a.gen, wire::Ack{wire::AckStatus::kAccepted, a.request_id, a.records});
   }

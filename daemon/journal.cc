@@ -107,10 +107,11 @@ Status JournalWriter::Open(const Options& options, JournalUsage* usage,
 Status JournalWriter::StartSegment() {
   const uint64_t seq = next_seq_;
   UniqueFd fd;
-  // The journal is the daemon's: 0600, and the header synced with the
-  // directory entry, so a segment that exists after a crash is whole.
+  // The journal is the daemon's: 0600. The name never shows a partial
+  // header; with `sync` the header and the directory entry also survive a
+  // power loss.
   if (Status s = segment::CreateSegment(dirfd_.get(), JournalSegmentName(seq),
-                                        segment::NewHeader(seq), 0600, true, &fd);
+                                        segment::NewHeader(seq), 0600, options_.sync, &fd);
       !s.ok()) {
     return s;
   }

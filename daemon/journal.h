@@ -74,6 +74,9 @@ class JournalWriter {
   struct Options {
     std::string dir;
     uint64_t segment_bytes_max = 64ull << 20;
+    // Sync a new segment's header and directory entry (durability
+    // `synced`); without it, starting a segment does not stall the loop.
+    bool sync = true;
   };
   // `usage` must outlive the writer.
   static Status Open(const Options& options, JournalUsage* usage,

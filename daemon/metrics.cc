@@ -25,6 +25,7 @@ std::string Metrics::RenderPrometheus() const {
   PS_COUNTER(posts_accepted_total);
   PS_COUNTER(spool_segments_adopted_total);
   PS_COUNTER(spool_posts_adopted_total);
+  PS_COUNTER(spool_posts_deduplicated_total);
   PS_COUNTER(spool_bytes_skipped_total);
   PS_COUNTER(spool_files_quarantined_total);
   PS_COUNTER(journal_writes_total);

@@ -21,6 +21,7 @@ struct Metrics {
   // Ingest: spool.
   Counter spool_segments_adopted_total{0};
   Counter spool_posts_adopted_total{0};
+  Counter spool_posts_deduplicated_total{0};  // spooled copies of socket posts, dropped
   Counter spool_bytes_skipped_total{0};  // damage inside spool segments
   Counter spool_files_quarantined_total{0};
   // Journal.

@@ -154,7 +154,13 @@ Status SpoolAdopter::OpenCurrent(const std::string& name, uid_t uid) {
   c->uid = st.st_uid;
   c->gid = st.st_gid;
   // Wait for appends in progress, and make sure none follows.
-  if (Status s = segment::SealSegment(c->fd.get(), Clock::now() + kSealWait); !s.ok()) return s;
+  // No fdatasync of the flag at durability `accepted`: it is for writers,
+  // and after a power loss there are none; the ingest loop must not stall.
+  if (Status s = segment::SealSegment(c->fd.get(), Clock::now() + kSealWait,
+                                      config_.durability == Durability::kSynced);
+      !s.ok()) {
+    return s;
+  }
   if (Status s = segment::FileSource::Open(c->fd.get(), &c->source); !s.ok()) return s;
   segment::ReaderOptions options;
   options.verify_payload = VerifyPostPayload;

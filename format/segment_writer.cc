@@ -176,7 +176,7 @@ Status AppendToSegment(int fd, std::span<const std::byte> records, Deadline dead
   return s;
 }
 
-Status SealSegment(int fd, Deadline deadline) {
+Status SealSegment(int fd, Deadline deadline, bool sync) {
   const int fl = ::fcntl(fd, F_GETFL);
   if (fl < 0) return Status::FromErrno(errno, "fcntl segment");
   if ((fl & O_APPEND) != 0 || (fl & O_ACCMODE) != O_RDWR) {
@@ -196,7 +196,7 @@ Status SealSegment(int fd, Deadline deadline) {
     if (w != sizeof raw) {
       s = w < 0 ? Status::FromErrno(errno, "seal segment")
                 : Status(StatusCode::kIoError, "short write sealing segment");
-    } else if (::fdatasync(fd) != 0) {
+    } else if (sync && ::fdatasync(fd) != 0) {
       s = Status::FromErrno(errno, "sync sealed segment");
     }
   }

@@ -47,10 +47,12 @@ Status AppendToSegment(int fd, std::span<const std::byte> records, Deadline dead
                        const std::function<bool()>& still_current = {});
 
 // Sets the sealed flag under an exclusive flock (so it waits for appends in
-// progress) and syncs it. Once it returned ok, AppendToSegment writes nothing
-// more to this file. `fd` must be open O_RDWR without O_APPEND (pwrite on an
-// O_APPEND descriptor appends on Linux). Sealing a sealed segment is ok.
-Status SealSegment(int fd, Deadline deadline);
+// progress) and, with `sync`, fdatasyncs it (needed only to keep the flag
+// across a power loss, when no writer survives anyway). Once it returned ok,
+// AppendToSegment writes nothing more to this file. `fd` must be open O_RDWR
+// without O_APPEND (pwrite on an O_APPEND descriptor appends on Linux).
+// Sealing a sealed segment is ok.
+Status SealSegment(int fd, Deadline deadline, bool sync = true);
 
 // The spool's file names. Every uid has one current segment that its
 // processes append to; a sealed segment waiting for the daemon carries its

@@ -584,6 +584,53 @@ TEST_P(EndToEnd, AtTheDiskQuotaPostsFailWithEnospaceAndNothingAcceptedIsLost) {
   ExpectAllArrived(accepted);
 }
 
+TEST_P(EndToEnd, SpooledCopyOfAPostAlreadyJournaledFromTheSocketIsDropped) {
+  // A client whose acknowledgement came too late spools the post it had
+  // sent: the daemon journaled it already and must not publish it twice.
+  BindQueue();
+  ASSERT_TRUE(StartDaemon());
+  const PosterReport r = Posters(Poster(20), 1, ReportDir()).Wait();
+  ASSERT_EQ(r.socket_ids.size(), 20u);
+  std::vector<std::byte> seg(segment::kHeaderBytes);
+  segment::EncodeHeader(segment::NewHeader(segment::NewSegmentId()),
+                        std::span<std::byte, segment::kHeaderBytes>(seg.data(), segment::kHeaderBytes));
+  std::vector<std::string> spool_only;
+  for (int i = 0; i < 20; ++i) {
+    PostData p;
+    if (i < 10) {  // copies of posts that went over the socket
+      const std::string& u = r.socket_ids[static_cast<size_t>(i)];
+      std::string hex;
+      for (char c : u) if (c != '-') hex += c;
+      p.id = PostId{std::stoull(hex.substr(0, 16), nullptr, 16), std::stoull(hex.substr(16), nullptr, 16)};
+    } else {
+      p.id = NewPostId();
+      uint8_t raw[16];
+      for (int k = 0; k < 8; ++k) {
+        raw[k] = static_cast<uint8_t>(p.id.hi >> (56 - 8 * k));
+        raw[8 + k] = static_cast<uint8_t>(p.id.lo >> (56 - 8 * k));
+      }
+      spool_only.push_back(Uuid(raw));
+    }
+    p.rel_path = "dedupe/" + std::to_string(i);
+    flatbuffers::FlatBufferBuilder b;
+    BuildPost(p, &b);
+    auto span = b.GetBufferSpan();
+    ASSERT_TRUE(segment::AppendRecord(std::as_bytes(std::span(span.data(), span.size())), &seg).ok());
+  }
+  const std::string name = daemon_->spool_dir() + "/" +
+                           segment::SpoolSealedName(::geteuid(), segment::NewSegmentId());
+  std::ofstream(name, std::ios::binary).write(reinterpret_cast<const char*>(seg.data()),
+                                               static_cast<std::streamsize>(seg.size()));
+  std::vector<std::string> all = r.ids;
+  all.insert(all.end(), spool_only.begin(), spool_only.end());
+  ExpectAllArrived(all);
+  EXPECT_EQ(WaitForMetric("spool_posts_deduplicated_total", 10), 10u);
+  EXPECT_EQ(WaitForMetric("spool_posts_adopted_total", 10), 10u);
+  std::this_thread::sleep_for(300ms);  // anything published twice would be in the queue by now
+  Collect(all, 1s);
+  for (const std::string& id : all) EXPECT_EQ(seen_[id], 1) << id;
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, EndToEnd, ::testing::Values("io_uring", "epoll"),
                          [](const auto& param_info) { return param_info.param; });
 
