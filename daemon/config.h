@@ -29,8 +29,8 @@ struct Config {
   uint32_t batch_records_max = 4096;      // records in one group-commit write
   uint64_t batch_bytes_max = 4ull << 20;  // bytes in one group-commit write
   uint32_t spool_rescan_interval_ms = 1000;
-  // Ids of recent socket posts remembered, so that spool adoption drops the
-  // spooled copy of a post acknowledged too late for its client; 0: off.
+  // Ids of recently journaled posts remembered, so that spool adoption drops
+  // a spooled copy of a post already journaled (recent_ids.h); 0: off.
   uint32_t dedupe_window_posts = 131072;
   uint64_t journal_segment_bytes_max = 64ull << 20;
   // Journal plus spool on disk; above it, clients are told to fail or spool.

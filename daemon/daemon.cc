@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstring>
 #include <unordered_map>
+#include <algorithm>
 #include <vector>
 
 #include "forwarder.h"
@@ -116,13 +117,13 @@ struct Batch {
   std::vector<PendingAck> acks;
   uint32_t records = 0;
   uint32_t adopted = 0;  // of the records, how many came from the spool
-  std::vector<PostId> socket_ids;  // ids of the records from the socket
+  std::vector<PostId> ids;  // of the records, for RecentIds
   void Clear() {
     bytes.clear();
     acks.clear();
     records = 0;
     adopted = 0;
-    socket_ids.clear();
+    ids.clear();
   }
 };
 
@@ -156,6 +157,10 @@ class Daemon final : public IoCallbacks {
   void BatchCommitted();
   void BatchFailed(const std::string& why);
   void OnSignal();
+  // Fills RecentIds from the newest journal segments, so that a spool
+  // segment the previous daemon was adopting when it died is not journaled
+  // twice. Reads at most kRememberSegments segments.
+  void RememberJournaledIds();
   void Periodic(Clock::time_point now);
   void WriteMetrics();
   uint64_t DiskBytes() const;
@@ -207,6 +212,7 @@ Status Daemon::Start() {
     return Status(s.code(), "journal: " + s.message());
   }
   commits_.Publish(journal_->end());
+  RememberJournaledIds();
   if (Status s = adopter_.Open(); !s.ok()) return Status(s.code(), "spool: " + s.message());
 
   // Signals arrive through a signalfd; block them before the forwarder
@@ -380,11 +386,11 @@ void Daemon::HandleRequest(int fd, const Conn& conn, std::span<const std::byte> 
     const auto payload = rest.subspan(segment::kRecordHeaderBytes, len);
     if (!Stamp(payload, conn.uid, conn.gid, conn.pid, &filling_)) {
       filling_.bytes.resize(mark);
-      filling_.socket_ids.resize(filling_.socket_ids.size() - i);
+      filling_.ids.resize(filling_.ids.size() - i);
       return Reject(fd, conn, &h, wire::AckStatus::kMalformed, "post fails validation");
     }
     const fb::PostId* id = PostFromPayload(payload).id();
-    filling_.socket_ids.push_back(PostId{id->hi(), id->lo()});
+    filling_.ids.push_back(PostId{id->hi(), id->lo()});
     rest = rest.subspan(segment::RecordBytes(len));
   }
   filling_.records += h.record_count;
@@ -433,10 +439,12 @@ void Daemon::FeedAdoption() {
          filling_.bytes.size() + segment::RecordBytes(segment::kRecordPayloadMax) * 2 <
              config_.batch_bytes_max &&
          adopter_.Next(&a)) {
-    const fb::PostId* id = PostFromPayload(a.payload).id();
-    if (recent_ids_.Contains(PostId{id->hi(), id->lo()})) {
-      // Journaled from the socket already; the client spooled it too
-      // because the acknowledgement came too late for it.
+    const fb::PostId* fid = PostFromPayload(a.payload).id();
+    const PostId id{fid->hi(), fid->lo()};
+    if (recent_ids_.Contains(id)) {
+      // Journaled already: from the socket (the client spooled it too
+      // because the acknowledgement came too late for it), or from this
+      // spool segment before the daemon restarted mid-adoption.
       metrics_.spool_posts_deduplicated_total.fetch_add(1, std::memory_order_relaxed);
       continue;
     }
@@ -445,6 +453,7 @@ void Daemon::FeedAdoption() {
       PS_LOG_WARNING("spool: a post of uid %u fails validation; skipped", static_cast<unsigned>(a.uid));
       continue;
     }
+    filling_.ids.push_back(id);
     ++filling_.records;
     ++filling_.adopted;
     ++adopted_uncommitted_;
@@ -491,7 +500,7 @@ void Daemon::OnIoDone(uint64_t cookie, int64_t result) {
 
 void Daemon::BatchCommitted() {
   commits_.Publish(journal_->Committed());
-  for (const PostId& id : writing_.socket_ids) recent_ids_.Add(id);
+  for (const PostId& id : writing_.ids) recent_ids_.Add(id);
   for (const PendingAck& a : writing_.acks) {
     SendAck(a.fd, a.gen, wire::Ack{wire::AckStatus::kAccepted, a.request_id, a.records});
   }
@@ -518,6 +527,32 @@ void Daemon::BatchFailed(const std::string& why) {
   }
   write_in_flight_ = false;
   writing_.Clear();
+}
+
+void Daemon::RememberJournaledIds() {
+  constexpr size_t kRememberSegments = 2;
+  std::vector<uint64_t> seqs;
+  if (config_.dedupe_window_posts == 0 || !ListJournalSegments(journal_->dirfd(), &seqs).ok()) {
+    return;
+  }
+  std::erase(seqs, journal_->end().segment_seq);  // the new, empty one
+  const size_t first = seqs.size() > kRememberSegments ? seqs.size() - kRememberSegments : 0;
+  for (size_t i = first; i < seqs.size(); ++i) {
+    UniqueFd fd(::openat(journal_->dirfd(), JournalSegmentName(seqs[i]).c_str(), O_RDONLY | O_CLOEXEC));
+    std::unique_ptr<segment::FileSource> source;
+    std::unique_ptr<segment::SegmentReader> reader;
+    segment::ReaderOptions options;
+    options.verify_payload = VerifyPostPayload;
+    if (!fd.valid() || !segment::FileSource::Open(fd.get(), &source).ok() ||
+        !segment::SegmentReader::Open(source.get(), options, &reader).ok()) {
+      continue;  // the forwarder reports damaged segments
+    }
+    segment::Record rec;
+    while (reader->Next(&rec) == segment::SegmentReader::Result::kRecord) {
+      const fb::PostId* id = PostFromPayload(rec.payload).id();
+      recent_ids_.Add(PostId{id->hi(), id->lo()});
+    }
+  }
 }
 
 void Daemon::OnReadable(int fd) {

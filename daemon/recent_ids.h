@@ -1,9 +1,10 @@
-// The ids of the last posts journaled from the socket, so that spool
-// adoption can drop the spooled copy of a post whose acknowledgement reached
-// its client too late (the client then spooled it as well). A bounded FIFO
-// set: memory is fixed by `capacity`, and an id is remembered until
-// `capacity` newer ones came. In memory only: after a daemon crash such
-// copies are published twice (duplicates around a crash, never loss).
+// The ids of the last posts journaled, so that spool adoption can drop a
+// spooled copy of a post that is in the journal already: one whose
+// acknowledgement reached its client too late (the client then spooled it
+// as well), or one of a spool segment the daemon was adopting when it died.
+// A bounded FIFO set: memory is fixed by `capacity`, and an id is
+// remembered until `capacity` newer ones came. The daemon fills it at start
+// from its newest journal segments.
 #pragma once
 
 #include <cstddef>
