@@ -25,6 +25,12 @@ constexpr auto kScanDebounce = 50ms;
 // Sealing waits for appends in progress; the ingest loop must not stall on
 // a busy segment: it tries again at the next scan.
 constexpr auto kSealWait = 5ms;
+// A segment taken from the writers is read only after this delay: a client
+// whose acknowledgement came late spooled its post just now, and the socket
+// copy of it, still in the daemon's queue, is then journaled first, so that
+// adoption recognises the spooled copy (RecentIds) instead of journaling it
+// twice.
+constexpr auto kSettle = 50ms;
 // A temporary left by a writer that died while creating a segment.
 constexpr auto kStaleTemporary = std::chrono::hours(1);
 
@@ -134,6 +140,7 @@ void SpoolAdopter::Scan() {
       const std::string sealed = segment::SpoolSealedName(parsed->uid, segment::NewSegmentId());
       if (::renameat(dirfd_.get(), name.c_str(), dirfd_.get(), sealed.c_str()) != 0) continue;
       queue_.push_back(sealed);
+      settle_until_ = Clock::now() + kSettle;
     } else if (queued.count(name) == 0) {
       queue_.push_back(name);
     }
@@ -180,6 +187,7 @@ Status SpoolAdopter::OpenCurrent(const std::string& name, uid_t uid) {
 }
 
 bool SpoolAdopter::OpenNext() {
+  if (Clock::now() < settle_until_) return false;
   while (!queue_.empty()) {
     const std::string name = queue_.front();
     queue_.pop_front();

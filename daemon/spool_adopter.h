@@ -90,6 +90,7 @@ class SpoolAdopter {
   bool changed_ = true;
   std::chrono::steady_clock::time_point last_scan_{};
   std::deque<std::string> queue_;  // sealed segments to adopt, oldest first
+  std::chrono::steady_clock::time_point settle_until_{};  // see kSettle
   std::unique_ptr<Current> current_;
   uint64_t spool_bytes_ = 0;
 };
