@@ -80,11 +80,15 @@ Status CreateSegment(int dirfd, const std::string& name, const Header& header, m
   std::array<std::byte, kHeaderBytes> raw;
   EncodeHeader(header, raw);
 
-  // An unnamed file linked into place; where the filesystem or /proc does
-  // not allow that, a uniquely named temporary renamed... no: linked, so an
-  // existing name is never replaced.
+  // An unnamed file (O_TMPFILE) linked into place through /proc; where the
+  // filesystem or a missing /proc does not allow that, a uniquely named
+  // temporary. Either way the name is made with link(), which fails if it
+  // exists: an existing segment is never replaced.
   std::string tmp_name;
-  UniqueFd fd(::openat(dirfd, ".", O_TMPFILE | O_RDWR | O_APPEND | O_CLOEXEC, mode));
+  UniqueFd fd;
+  if (::access("/proc/self/fd", F_OK) == 0) {
+    fd.reset(::openat(dirfd, ".", O_TMPFILE | O_RDWR | O_APPEND | O_CLOEXEC, mode));
+  }
   if (!fd.valid()) {
     if (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL && errno != ENOENT) {
       return Status::FromErrno(errno, "create segment " + name);
@@ -113,10 +117,6 @@ Status CreateSegment(int dirfd, const std::string& name, const Header& header, m
     char proc[64];
     std::snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd.get());
     rc = ::linkat(AT_FDCWD, proc, dirfd, name.c_str(), AT_SYMLINK_FOLLOW);
-    if (rc != 0 && errno == ENOENT) {
-      // No /proc: fall back to a named temporary.
-      return Status(StatusCode::kUnsupported, "linking an unnamed file needs /proc");
-    }
   } else {
     rc = ::linkat(dirfd, tmp_name.c_str(), dirfd, name.c_str(), 0);
     ::unlinkat(dirfd, tmp_name.c_str(), 0);
