@@ -155,6 +155,10 @@ amqp_table_entry_t StringEntry(const char* key, const char* value) {
 
 }  // namespace
 
+Status AmqpReplyStatus(const amqp_rpc_reply_t& reply, const std::string& step) {
+  return FromReply(reply, step);
+}
+
 AmqpSession::AmqpSession(amqp_connection_state_t conn) : conn_(conn) {}
 
 AmqpSession::~AmqpSession() { amqp_destroy_connection(conn_); }

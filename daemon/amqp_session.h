@@ -103,4 +103,9 @@ class AmqpSession {
   std::string return_reply_text_;
 };
 
+// A status for an rpc reply of rabbitmq-c: ok for a normal reply, else an
+// error saying what the broker or the library said, prefixed with `step`
+// (e.g. "login"). Shared with the tests' and benchmarks' AMQP clients.
+Status AmqpReplyStatus(const amqp_rpc_reply_t& reply, const std::string& step);
+
 }  // namespace postspool::daemon

@@ -5,6 +5,8 @@
 
 #include <cstring>
 
+#include "amqp_session.h"
+
 namespace postspool::bench {
 namespace {
 
@@ -16,29 +18,6 @@ std::string Text(amqp_bytes_t b) {
   return b.bytes == nullptr ? std::string() : std::string(static_cast<const char*>(b.bytes), b.len);
 }
 
-std::string ReplyText(const amqp_rpc_reply_t& r) {
-  switch (r.reply_type) {
-    case AMQP_RESPONSE_NORMAL:
-      return "ok";
-    case AMQP_RESPONSE_NONE:
-      return "no reply";
-    case AMQP_RESPONSE_LIBRARY_EXCEPTION:
-      return amqp_error_string2(r.library_error);
-    case AMQP_RESPONSE_SERVER_EXCEPTION:
-      if (r.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
-        const auto* m = static_cast<const amqp_connection_close_t*>(r.reply.decoded);
-        return "connection closed by the broker: " + std::to_string(m->reply_code) + " " +
-               Text(m->reply_text);
-      }
-      if (r.reply.id == AMQP_CHANNEL_CLOSE_METHOD) {
-        const auto* m = static_cast<const amqp_channel_close_t*>(r.reply.decoded);
-        return "channel closed by the broker: " + std::to_string(m->reply_code) + " " +
-               Text(m->reply_text);
-      }
-      return "server exception";
-  }
-  return "unknown reply";
-}
 
 timeval Timeval(int ms) { return timeval{ms / 1000, (ms % 1000) * 1000}; }
 
@@ -70,7 +49,7 @@ Status AmqpConnection::Open(const BrokerAddress& address, int timeout_ms) {
   if (r.reply_type != AMQP_RESPONSE_NORMAL) {
     amqp_destroy_connection(conn_);
     conn_ = nullptr;
-    return Status(StatusCode::kIoError, "login: " + ReplyText(r));
+    return daemon::AmqpReplyStatus(r, "login");
   }
   amqp_channel_open(conn_, 1);
   if (Status s = RpcStatus("channel.open"); !s.ok()) {
@@ -90,7 +69,7 @@ void AmqpConnection::Close() {
 Status AmqpConnection::RpcStatus(const char* what) const {
   const amqp_rpc_reply_t r = amqp_get_rpc_reply(conn_);
   if (r.reply_type == AMQP_RESPONSE_NORMAL) return Status::Ok();
-  return Status(StatusCode::kIoError, std::string(what) + ": " + ReplyText(r));
+  return daemon::AmqpReplyStatus(r, what);
 }
 
 std::string AmqpConnection::ServerProperty(std::string_view key) const {
@@ -211,7 +190,7 @@ Status ConfirmedPublisher::HandleFrame(const amqp_frame_t& frame) {
       amqp_message_t message;
       const amqp_rpc_reply_t r = amqp_read_message(conn, frame.channel, &message, 0);
       if (r.reply_type != AMQP_RESPONSE_NORMAL) {
-        return Status(StatusCode::kIoError, "read a returned message: " + ReplyText(r));
+        return daemon::AmqpReplyStatus(r, "read a returned message");
       }
       amqp_destroy_message(&message);
       return Status::Ok();

@@ -25,6 +25,8 @@
 #include <sstream>
 #include <thread>
 
+#include "amqp_session.h"
+
 extern char** environ;
 
 namespace postspool::testing {
@@ -185,29 +187,6 @@ struct CStrings {
   std::vector<char*> ptrs;
 };
 
-std::string ReplyText(const amqp_rpc_reply_t& r) {
-  switch (r.reply_type) {
-    case AMQP_RESPONSE_NORMAL:
-      return "ok";
-    case AMQP_RESPONSE_NONE:
-      return "no reply";
-    case AMQP_RESPONSE_LIBRARY_EXCEPTION:
-      return amqp_error_string2(r.library_error);
-    case AMQP_RESPONSE_SERVER_EXCEPTION:
-      if (r.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
-        const auto* m = static_cast<const amqp_connection_close_t*>(r.reply.decoded);
-        return "connection closed: " + std::to_string(m->reply_code) + " " +
-               std::string(static_cast<const char*>(m->reply_text.bytes), m->reply_text.len);
-      }
-      if (r.reply.id == AMQP_CHANNEL_CLOSE_METHOD) {
-        const auto* m = static_cast<const amqp_channel_close_t*>(r.reply.decoded);
-        return "channel closed: " + std::to_string(m->reply_code) + " " +
-               std::string(static_cast<const char*>(m->reply_text.bytes), m->reply_text.len);
-      }
-      return "server exception";
-  }
-  return "?";
-}
 
 std::string ToString(amqp_bytes_t b) {
   return b.bytes == nullptr ? std::string() : std::string(static_cast<const char*>(b.bytes), b.len);
@@ -228,7 +207,7 @@ bool AmqpLoginWorks(int port, std::string* why) {
         amqp_login(conn, "/", 0, 131072, 0, AMQP_SASL_METHOD_PLAIN, "guest", "guest");
     ok = r.reply_type == AMQP_RESPONSE_NORMAL;
     if (!ok) {
-      *why = "login: " + ReplyText(r);
+      *why = daemon::AmqpReplyStatus(r, "login").message();
     } else {
       amqp_connection_close(conn, AMQP_REPLY_SUCCESS);
     }
@@ -547,7 +526,7 @@ void AmqpTestClient::Disconnect() {
 Status AmqpTestClient::Reply(const char* what) {
   const amqp_rpc_reply_t r = amqp_get_rpc_reply(conn_);
   if (r.reply_type == AMQP_RESPONSE_NORMAL) return Status::Ok();
-  return Status(StatusCode::kIoError, std::string(what) + ": " + ReplyText(r));
+  return daemon::AmqpReplyStatus(r, what);
 }
 
 Status AmqpTestClient::Connect(const std::string& url) {
@@ -569,7 +548,7 @@ Status AmqpTestClient::Connect(const std::string& url) {
   const amqp_rpc_reply_t r =
       amqp_login(conn_, vhost, 0, 131072, 0, AMQP_SASL_METHOD_PLAIN, info.user, info.password);
   if (r.reply_type != AMQP_RESPONSE_NORMAL) {
-    return Status(StatusCode::kIoError, "login: " + ReplyText(r));
+    return daemon::AmqpReplyStatus(r, "login");
   }
   amqp_channel_open(conn_, 1);
   return Reply("channel.open");
@@ -625,7 +604,7 @@ Status AmqpTestClient::GetAll(const std::string& queue, std::vector<ReceivedMess
   for (;;) {
     const amqp_rpc_reply_t r = amqp_basic_get(conn_, 1, amqp_cstring_bytes(queue.c_str()), 1);
     if (r.reply_type != AMQP_RESPONSE_NORMAL) {
-      return Status(StatusCode::kIoError, "basic.get: " + ReplyText(r));
+      return daemon::AmqpReplyStatus(r, "basic.get");
     }
     if (r.reply.id == AMQP_BASIC_GET_EMPTY_METHOD) break;
     const auto* ok = static_cast<const amqp_basic_get_ok_t*>(r.reply.decoded);
@@ -635,7 +614,7 @@ Status AmqpTestClient::GetAll(const std::string& queue, std::vector<ReceivedMess
     amqp_message_t message;
     const amqp_rpc_reply_t rr = amqp_read_message(conn_, 1, &message, 0);
     if (rr.reply_type != AMQP_RESPONSE_NORMAL) {
-      return Status(StatusCode::kIoError, "read message: " + ReplyText(rr));
+      return daemon::AmqpReplyStatus(rr, "read message");
     }
     m.body = ToString(message.body);
     const amqp_basic_properties_t& p = message.properties;
