@@ -35,6 +35,7 @@
 #include "segment_format.h"
 #include "segment_writer.h"
 #include "socket_protocol.h"
+#include "test_util.h"
 
 namespace postspool::testing {
 namespace {
@@ -51,6 +52,31 @@ std::string Uuid(const uint8_t id[16]) {
     s += hex[id[i] & 15];
   }
   return s;
+}
+
+std::string Uuid(const PostId& id) {
+  uint8_t raw[16];
+  for (int k = 0; k < 8; ++k) {
+    raw[k] = static_cast<uint8_t>(id.hi >> (56 - 8 * k));
+    raw[8 + k] = static_cast<uint8_t>(id.lo >> (56 - 8 * k));
+  }
+  return Uuid(raw);
+}
+
+PostId ParseUuid(const std::string& uuid) {
+  std::string hex;
+  for (char c : uuid) {
+    if (c != '-') hex += c;
+  }
+  return PostId{std::stoull(hex.substr(0, 16), nullptr, 16), std::stoull(hex.substr(16), nullptr, 16)};
+}
+
+// Writes `bytes` into `spool_dir` under a new sealed spool segment name, as
+// a client's roll-over leaves a segment for the daemon.
+void WriteSealedSpoolSegment(const std::string& spool_dir, const std::vector<std::byte>& bytes) {
+  const std::string name = spool_dir + "/" + segment::SpoolSealedName(::geteuid(), segment::NewSegmentId());
+  std::ofstream(name, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
+                                               static_cast<std::streamsize>(bytes.size()));
 }
 
 uint64_t Seed() {
@@ -453,14 +479,11 @@ TEST_P(EndToEnd, GarbageOnTheSocketAndDamagedSpoolFilesAreCountedAndGoodPostsArr
   PostData p;
   p.id = NewPostId();
   p.rel_path = "garbage/test";
-  flatbuffers::FlatBufferBuilder b;
-  BuildPost(p, &b);
   std::vector<std::byte> good(wire::kRequestHeaderBytes);
   wire::RequestHeader h;
   h.record_count = 1;
   wire::EncodeRequestHeader(h, std::span<std::byte, wire::kRequestHeaderBytes>(good.data(), wire::kRequestHeaderBytes));
-  auto span = b.GetBufferSpan();
-  ASSERT_TRUE(segment::AppendRecord(std::as_bytes(std::span(span.data(), span.size())), &good).ok());
+  ASSERT_TRUE(segment::AppendRecord(PostPayload(p), &good).ok());
   sent += SendPacket(daemon_->socket_path(), std::vector<std::byte>(good.begin(), good.end() - 9));
   auto wrong_count = good;
   wrong_count[6] = std::byte{3};
@@ -471,38 +494,20 @@ TEST_P(EndToEnd, GarbageOnTheSocketAndDamagedSpoolFilesAreCountedAndGoodPostsArr
   // header, and a file that is not a spool segment at all.
   std::vector<std::string> spooled_ids;
   {
-    std::vector<std::byte> seg(segment::kHeaderBytes);
-    segment::EncodeHeader(segment::NewHeader(segment::NewSegmentId()),
-                          std::span<std::byte, segment::kHeaderBytes>(seg.data(), segment::kHeaderBytes));
-    size_t damaged_at = 0;
+    std::vector<PostData> posts;
     for (int i = 0; i < 10; ++i) {
       PostData sp;
       sp.id = NewPostId();
       sp.rel_path = "spooled/" + std::to_string(i);
-      flatbuffers::FlatBufferBuilder sb;
-      BuildPost(sp, &sb);
-      if (i == 5) damaged_at = seg.size() + 20;
-      auto s = sb.GetBufferSpan();
-      ASSERT_TRUE(segment::AppendRecord(std::as_bytes(std::span(s.data(), s.size())), &seg).ok());
-      if (i != 5) {
-        uint8_t raw[16];
-        for (int k = 0; k < 8; ++k) {
-          raw[k] = static_cast<uint8_t>(sp.id.hi >> (56 - 8 * k));
-          raw[8 + k] = static_cast<uint8_t>(sp.id.lo >> (56 - 8 * k));
-        }
-        spooled_ids.push_back(Uuid(raw));
-      }
+      posts.push_back(sp);
+      if (i != 5) spooled_ids.push_back(Uuid(sp.id));  // record 5 is damaged below
     }
-    seg[damaged_at] ^= std::byte{0xff};
-    const std::string name = daemon_->spool_dir() + "/" +
-                             segment::SpoolSealedName(::geteuid(), segment::NewSegmentId());
-    std::ofstream(name, std::ios::binary).write(reinterpret_cast<const char*>(seg.data()),
-                                                 static_cast<std::streamsize>(seg.size()));
+    std::vector<uint64_t> offsets;
+    auto seg = SegmentBytes(posts, &offsets, segment::NewSegmentId());
+    seg[offsets[5] + 20] ^= std::byte{0xff};
+    WriteSealedSpoolSegment(daemon_->spool_dir(), seg);
     seg[3] ^= std::byte{1};  // header damaged
-    const std::string bad = daemon_->spool_dir() + "/" +
-                            segment::SpoolSealedName(::geteuid(), segment::NewSegmentId());
-    std::ofstream(bad, std::ios::binary).write(reinterpret_cast<const char*>(seg.data()),
-                                                static_cast<std::streamsize>(seg.size()));
+    WriteSealedSpoolSegment(daemon_->spool_dir(), seg);
     std::ofstream(daemon_->spool_dir() + "/not-a-segment") << "hello";
   }
   // Good posts through the library keep working.
@@ -593,36 +598,20 @@ TEST_P(EndToEnd, SpooledCopyOfAPostAlreadyJournaledFromTheSocketIsDropped) {
   o.budget_ms = 2000;  // so that every one goes over the socket, even on a loaded machine
   const PosterReport r = Posters(o, 1, ReportDir()).Wait();
   ASSERT_EQ(r.socket_ids.size(), 20u);
-  std::vector<std::byte> seg(segment::kHeaderBytes);
-  segment::EncodeHeader(segment::NewHeader(segment::NewSegmentId()),
-                        std::span<std::byte, segment::kHeaderBytes>(seg.data(), segment::kHeaderBytes));
+  std::vector<PostData> posts;
   std::vector<std::string> spool_only;
   for (int i = 0; i < 20; ++i) {
     PostData p;
     if (i < 10) {  // copies of posts that went over the socket
-      const std::string& u = r.socket_ids[static_cast<size_t>(i)];
-      std::string hex;
-      for (char c : u) if (c != '-') hex += c;
-      p.id = PostId{std::stoull(hex.substr(0, 16), nullptr, 16), std::stoull(hex.substr(16), nullptr, 16)};
+      p.id = ParseUuid(r.socket_ids[static_cast<size_t>(i)]);
     } else {
       p.id = NewPostId();
-      uint8_t raw[16];
-      for (int k = 0; k < 8; ++k) {
-        raw[k] = static_cast<uint8_t>(p.id.hi >> (56 - 8 * k));
-        raw[8 + k] = static_cast<uint8_t>(p.id.lo >> (56 - 8 * k));
-      }
-      spool_only.push_back(Uuid(raw));
+      spool_only.push_back(Uuid(p.id));
     }
     p.rel_path = "dedupe/" + std::to_string(i);
-    flatbuffers::FlatBufferBuilder b;
-    BuildPost(p, &b);
-    auto span = b.GetBufferSpan();
-    ASSERT_TRUE(segment::AppendRecord(std::as_bytes(std::span(span.data(), span.size())), &seg).ok());
+    posts.push_back(p);
   }
-  const std::string name = daemon_->spool_dir() + "/" +
-                           segment::SpoolSealedName(::geteuid(), segment::NewSegmentId());
-  std::ofstream(name, std::ios::binary).write(reinterpret_cast<const char*>(seg.data()),
-                                               static_cast<std::streamsize>(seg.size()));
+  WriteSealedSpoolSegment(daemon_->spool_dir(), SegmentBytes(posts, nullptr, segment::NewSegmentId()));
   std::vector<std::string> all = r.ids;
   all.insert(all.end(), spool_only.begin(), spool_only.end());
   ExpectAllArrived(all);
