@@ -81,6 +81,11 @@ Status ParseConfig(const std::string& text, const std::string& origin, Config* c
          return true;
        }},
       {"connections_max", [&](auto v) { return ParseU32(v, &c->connections_max) && c->connections_max > 0; }},
+      {"connections_per_uid_max", [&](auto v) { return ParseU32(v, &c->connections_per_uid_max) && c->connections_per_uid_max > 0; }},
+      {"spool_scan_entries_max", [&](auto v) { return ParseU32(v, &c->spool_scan_entries_max) && c->spool_scan_entries_max > 0; }},
+      {"spool_read_bytes_max", [&](auto v) { return ParseSize(v, &c->spool_read_bytes_max) && c->spool_read_bytes_max >= (64u << 10); }},
+      {"quarantine_bytes_max", [&](auto v) { return ParseSize(v, &c->quarantine_bytes_max); }},
+      {"disk_bytes_per_uid_max", [&](auto v) { return ParseSize(v, &c->disk_bytes_per_uid_max) && c->disk_bytes_per_uid_max > 0; }},
       {"batch_records_max", [&](auto v) { return ParseU32(v, &c->batch_records_max) && c->batch_records_max > 0; }},
       {"batch_bytes_max", [&](auto v) { return ParseSize(v, &c->batch_bytes_max) && c->batch_bytes_max >= (256u << 10); }},
       {"dedupe_window_posts", [&](auto v) { return ParseU32(v, &c->dedupe_window_posts) && c->dedupe_window_posts <= (1u << 24); }},

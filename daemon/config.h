@@ -26,15 +26,33 @@ struct Config {
   Durability durability = Durability::kAccepted;
   IoBackend io_backend = IoBackend::kAuto;
   uint32_t connections_max = 4096;
+  // One uid's share of connections_max: one user's idle connections must
+  // not push every other user to the spool.
+  uint32_t connections_per_uid_max = 256;
   uint32_t batch_records_max = 4096;      // records in one group-commit write
   uint64_t batch_bytes_max = 4ull << 20;  // bytes in one group-commit write
   uint32_t spool_rescan_interval_ms = 1000;
+  // Bounds on the spool work of one ingest round, so that a directory of
+  // 50,000 files or a huge segment never stalls socket posts or the
+  // watchdog: directory entries examined, and bytes examined by the
+  // segment reader.
+  uint32_t spool_scan_entries_max = 256;
+  uint64_t spool_read_bytes_max = 1ull << 20;
+  // The quarantine directory's size (allocated bytes, counted in
+  // disk_bytes_max too); when it is reached, files that would go there stay
+  // where they are, are skipped and logged.
+  uint64_t quarantine_bytes_max = 256ull << 20;
   // Ids of recently journaled posts remembered, so that spool adoption drops
   // a spooled copy of a post already journaled (recent_ids.h); 0: off.
   uint32_t dedupe_window_posts = 131072;
   uint64_t journal_segment_bytes_max = 64ull << 20;
-  // Journal plus spool on disk; above it, clients are told to fail or spool.
+  // Journal plus spool plus quarantine on disk (allocated bytes); above it,
+  // socket posts fail with `full` (POSTSPOOL_ENOSPACE).
   uint64_t disk_bytes_max = 4ull << 30;
+  // One uid's share of disk_bytes_max: its unconfirmed posts in the journal
+  // plus its spool segments. Above it that uid's posts fail with `full`,
+  // and its spool segments wait until its share frees; other users go on.
+  uint64_t disk_bytes_per_uid_max = 1ull << 30;
 
   // Broker (names as Sarracenia's where it has them).
   std::vector<std::string> post_broker = {"amqp://guest:guest@localhost/"};

@@ -6,11 +6,13 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <deque>
 #include <unordered_set>
 #include <vector>
 
 #include "io_loop.h"
+#include "socket_ops.h"
 #include "unique_fd.h"
 
 namespace postspool::daemon {
@@ -32,7 +34,8 @@ class EpollLoop final : public IoLoop {
       : options_(options),
         callbacks_(callbacks),
         epfd_(std::move(epfd)),
-        buffer_(options.packet_bytes_max + 8) {}
+        buffer_(options.packet_bytes_max + 8),
+        accept_pause_(options.accept_pause_ms) {}
 
   const char* name() const override { return "epoll"; }
 
@@ -43,7 +46,7 @@ class EpollLoop final : public IoLoop {
 
   void StopListening() override {
     if (listen_fd_ < 0) return;
-    ::epoll_ctl(epfd_.get(), EPOLL_CTL_DEL, listen_fd_, nullptr);
+    if (!accept_paused_) ::epoll_ctl(epfd_.get(), EPOLL_CTL_DEL, listen_fd_, nullptr);
     listen_fd_ = -1;
   }
 
@@ -56,6 +59,10 @@ class EpollLoop final : public IoLoop {
   }
 
   Status Watch(int fd) override { return Add(kWatched, fd); }
+
+  bool Send(int fd, std::span<const std::byte> packet) override { return SendPacket(fd, packet); }
+
+  void Close(int fd) override { ::close(fd); }
 
   void SubmitWrite(int fd, const std::byte* data, size_t bytes, uint64_t offset,
                    uint64_t cookie) override {
@@ -80,6 +87,16 @@ class EpollLoop final : public IoLoop {
   Status RunOnce(int timeout_ms) override {
     epoll_event events[kEventsPerRound];
     if (!done_.empty() || !closed_.empty()) timeout_ms = 0;
+    if (accept_paused_) {
+      const auto now = std::chrono::steady_clock::now();
+      if (!accept_pause_.paused(now)) {
+        accept_paused_ = false;
+        if (listen_fd_ >= 0) (void)Add(kListen, listen_fd_);
+      } else {
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(accept_pause_.resume_at() - now);
+        if (timeout_ms < 0 || left.count() < timeout_ms) timeout_ms = static_cast<int>(left.count());
+      }
+    }
     const int n = ::epoll_wait(epfd_.get(), events, kEventsPerRound, timeout_ms);
     if (n < 0 && errno != EINTR) return Status::FromErrno(errno, "epoll_wait");
     for (int i = 0; i < n; ++i) {
@@ -119,14 +136,27 @@ class EpollLoop final : public IoLoop {
   }
 
   void AcceptSome(int listen_fd) {
-    for (int i = 0; i < kAcceptsPerRound && listen_fd_ == listen_fd; ++i) {
+    for (int i = 0; i < kAcceptsPerRound && listen_fd_ == listen_fd && !accept_paused_; ++i) {
       const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
-        // EAGAIN: drained. EMFILE and friends: the next round tries again;
-        // the callee's connection limit keeps us below the fd limit.
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED) {
+          return;
+        }
+        // EMFILE and friends: readiness stays, so retrying at once spins.
+        // Stop watching the socket for a while.
+        callbacks_->OnAcceptError(errno);
+        accept_pause_.Failed(errno, std::chrono::steady_clock::now());
+        accept_paused_ = true;
+        ::epoll_ctl(epfd_.get(), EPOLL_CTL_DEL, listen_fd, nullptr);
         return;
       }
-      callbacks_->OnAccept(fd);
+      accept_pause_.Succeeded();
+      PeerCred peer;
+      if (!ReadPeerCred(fd, &peer)) {
+        ::close(fd);
+        continue;
+      }
+      callbacks_->OnAccept(fd, peer);
     }
   }
 
@@ -167,6 +197,8 @@ class EpollLoop final : public IoLoop {
   std::deque<Done> done_;
   std::deque<Closed> closed_;
   std::unordered_set<int> removed_;
+  AcceptPause accept_pause_;
+  bool accept_paused_ = false;
 };
 
 }  // namespace

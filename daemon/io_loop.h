@@ -1,13 +1,17 @@
-// The ingest loop's I/O interface. The ingest logic (Ingest) is written
-// against it; two backends implement it: io_uring (UringLoop: multishot
+// The ingest loop's I/O interface. The ingest logic (Ingest, ingest.h) is
+// written against it and makes no system call of its own; two backends
+// implement it: io_uring (UringLoop: multishot
 // accept and recv with a provided-buffer ring, writes and syncs submitted
 // through the ring) and epoll (EpollLoop: the same events from readiness and
 // plain system calls), for kernels or sandboxes without io_uring.
 //
 // Single-threaded: every call and every callback happens on the loop's
 // thread. Callbacks are never made from inside a call of this interface;
-// they are made from Run().
+// they are made from RunOnce(). The simulation (tests/sim) implements it too.
 #pragma once
+
+#include <sys/types.h>
+
 
 #include <cstddef>
 #include <cstdint>
@@ -19,12 +23,24 @@
 
 namespace postspool::daemon {
 
+// Who is at the other end of a connection (SO_PEERCRED, taken by the loop
+// when it accepted the connection: the kernel's word, not the client's).
+struct PeerCred {
+  uid_t uid = 0;
+  gid_t gid = 0;
+  pid_t pid = 0;
+};
+
 class IoCallbacks {
  public:
   virtual ~IoCallbacks() = default;
-  // A new connection on the listening socket. The callee owns `fd` (and
-  // calls AddConnection to receive on it).
-  virtual void OnAccept(int fd) = 0;
+  // A new connection on the listening socket. The callee owns `fd`: it calls
+  // AddConnection to receive on it, or Close to refuse it.
+  virtual void OnAccept(int fd, const PeerCred& peer) = 0;
+  // accept failed with something other than EAGAIN (EMFILE, ENFILE,
+  // ENOMEM...): the loop stops accepting for accept_pause_ms and logs once
+  // per episode; the callee counts it.
+  virtual void OnAcceptError(int error) = 0;
   // One packet from a connection. `truncated` when it was longer than the
   // largest packet the loop receives (packet_bytes_max). The bytes are valid
   // only during the call and 8-byte aligned.
@@ -54,6 +70,12 @@ class IoLoop {
   virtual Status AddConnection(int fd) = 0;
   // Stops receiving; OnConnectionClosed(fd, 0) follows in a later round.
   virtual void RemoveConnection(int fd) = 0;
+  // Sends one packet on a connection without waiting (MSG_DONTWAIT,
+  // MSG_NOSIGNAL); false unless all of it was sent.
+  virtual bool Send(int fd, std::span<const std::byte> packet) = 0;
+  // Closes a connection descriptor: one refused in OnAccept, or one reported
+  // by OnConnectionClosed.
+  virtual void Close(int fd) = 0;
   // Reports readability of `fd` (level-triggered: OnReadable again until
   // the callee drained it).
   virtual Status Watch(int fd) = 0;
@@ -71,6 +93,8 @@ class IoLoop {
 struct IoLoopOptions {
   size_t packet_bytes_max = 0;   // the largest packet received whole
   uint32_t connections_max = 0;  // to size rings and tables
+  // After an accept error (EMFILE...), how long accepting pauses.
+  uint32_t accept_pause_ms = 100;
 };
 
 // io_uring; kUnsupported (with the reason in the message) when the kernel,

@@ -246,6 +246,7 @@ Status JournalReader::Next(JournalPosition limit, Entry* entry, bool* got) {
         pos_ = entry->next;
         *got = true;
         return Status::Ok();
+      case segment::SegmentReader::Result::kYield:  // no step budget is set
       case segment::SegmentReader::Result::kIoError:
         return reader_->io_status();
       case segment::SegmentReader::Result::kEnd:

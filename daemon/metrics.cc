@@ -19,15 +19,25 @@ std::string Metrics::RenderPrometheus() const {
 #define PS_GAUGE(f) put(#f, "gauge", f.load(std::memory_order_relaxed))
   PS_COUNTER(connections_accepted_total);
   PS_COUNTER(connections_refused_total);
+  PS_COUNTER(accept_errors_total);
   PS_COUNTER(requests_total);
   PS_COUNTER(requests_malformed_total);
+  PS_COUNTER(requests_invalid_total);
   PS_COUNTER(requests_refused_full_total);
-  PS_COUNTER(posts_accepted_total);
+  PS_COUNTER(requests_refused_busy_total);
+  PS_COUNTER(requests_unavailable_total);
+  PS_COUNTER(socket_posts_journaled_total);
   PS_COUNTER(spool_segments_adopted_total);
-  PS_COUNTER(spool_posts_adopted_total);
+  PS_COUNTER(spool_posts_journaled_total);
   PS_COUNTER(spool_posts_deduplicated_total);
-  PS_COUNTER(spool_bytes_skipped_total);
+  PS_COUNTER(spool_posts_invalid_total);
+  PS_COUNTER(spool_bytes_damaged_total);
+  PS_COUNTER(spool_bytes_torn_total);
   PS_COUNTER(spool_files_quarantined_total);
+  PS_COUNTER(spool_seal_busy_total);
+  PS_GAUGE(spool_bytes);
+  PS_GAUGE(quarantine_bytes);
+  PS_GAUGE(disk_bytes);
   PS_COUNTER(journal_writes_total);
   PS_COUNTER(journal_write_errors_total);
   PS_COUNTER(journal_bytes_skipped_total);

@@ -11,19 +11,31 @@ namespace postspool::daemon {
 
 struct Metrics {
   using Counter = std::atomic<uint64_t>;
-  // Ingest: socket.
+  // Ingest: socket. A "request" is one packet of posts; refused requests
+  // are counted once, under their reason.
   Counter connections_accepted_total{0};
-  Counter connections_refused_total{0};  // above connections_max
+  Counter connections_refused_total{0};  // above connections_max or connections_per_uid_max
+  Counter accept_errors_total{0};        // accept() failed (EMFILE...): accepting paused
   Counter requests_total{0};
-  Counter requests_malformed_total{0};   // garbage on the socket
-  Counter requests_refused_full_total{0};
-  Counter posts_accepted_total{0};       // journaled from the socket
-  // Ingest: spool.
+  Counter requests_malformed_total{0};   // garbage on the socket: framing, checksum, verifier
+  Counter requests_invalid_total{0};     // a post fails validation (what a post may say)
+  Counter requests_refused_full_total{0};  // disk_bytes_max or the uid's share reached
+  Counter requests_refused_busy_total{0};  // the group-commit batch is full
+  Counter requests_unavailable_total{0};   // the journal write failed
+  Counter socket_posts_journaled_total{0};
+  // Ingest: spool. A "file" is anything in the spool directory; a
+  // "segment" is a spool segment file (FORMAT.md).
   Counter spool_segments_adopted_total{0};
-  Counter spool_posts_adopted_total{0};
-  Counter spool_posts_deduplicated_total{0};  // spooled copies of socket posts, dropped
-  Counter spool_bytes_skipped_total{0};  // damage inside spool segments
+  Counter spool_posts_journaled_total{0};
+  Counter spool_posts_deduplicated_total{0};  // spooled copies of journaled posts, dropped
+  Counter spool_posts_invalid_total{0};       // fail validation: the segment is quarantined
+  Counter spool_bytes_damaged_total{0};  // skipped inside segments (resynchronised past)
+  Counter spool_bytes_torn_total{0};     // unfinished last records (a writer died mid-write)
   Counter spool_files_quarantined_total{0};
+  Counter spool_seal_busy_total{0};      // a segment's lock was held: sealing retried later
+  std::atomic<uint64_t> spool_bytes{0};       // gauge: allocated bytes of spool segments
+  std::atomic<uint64_t> quarantine_bytes{0};  // gauge
+  std::atomic<uint64_t> disk_bytes{0};        // gauge: journal + spool + quarantine
   // Journal.
   Counter journal_writes_total{0};
   Counter journal_write_errors_total{0};

@@ -1,15 +1,8 @@
 #include "spool_adopter.h"
 
-#include <dirent.h>
-#include <fcntl.h>
-#include <sys/inotify.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
-#include <set>
+#include <cstdarg>
+#include <cstdio>
 
 #include "log.h"
 #include "segment_writer.h"
@@ -17,169 +10,216 @@
 namespace postspool::daemon {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
 // A burst of spool writes makes one scan, not one per write.
 constexpr auto kScanDebounce = 50ms;
-// Sealing waits for appends in progress; the ingest loop must not stall on
-// a busy segment: it tries again at the next scan.
-constexpr auto kSealWait = 5ms;
 // A segment taken from the writers is read only after this delay: a client
 // whose acknowledgement came late spooled its post just now, and the socket
 // copy of it, still in the daemon's queue, is then journaled first, so that
 // adoption recognises the spooled copy (RecentIds) instead of journaling it
 // twice.
 constexpr auto kSettle = 50ms;
+// Sealing a segment whose lock a writer holds is retried after this delay,
+// doubling up to kSealRetryMax: a writer mid-append holds it for
+// microseconds; a user who holds it on purpose only delays their own file.
+constexpr auto kSealRetryInitial = 10ms;
+constexpr auto kSealRetryMax = 5s;
 // A temporary left by a writer that died while creating a segment.
-constexpr auto kStaleTemporary = std::chrono::hours(1);
+constexpr int64_t kStaleTemporaryS = 3600;
+// Segments opened (and checked, sealed) per call of OpenNext: bounds the
+// work of a round when many are busy or bad.
+constexpr int kOpenAttemptsPerCall = 16;
 
 }  // namespace
 
-SpoolAdopter::SpoolAdopter(const Config& config, Metrics* metrics)
-    : config_(config), metrics_(metrics) {}
+SpoolAdopter::SpoolAdopter(const Config& config, Metrics* metrics, SpoolDir* dir, ClockPort* clock)
+    : config_(config), metrics_(metrics), dir_(dir), clock_(clock), warn_limiter_(1s) {}
 
-Status SpoolAdopter::Open() {
-  dirfd_.reset(::open(config_.spool_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!dirfd_.valid()) return Status::FromErrno(errno, "open spool directory " + config_.spool_dir);
-  quarantine_fd_.reset(::open(config_.quarantine_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!quarantine_fd_.valid()) {
-    return Status::FromErrno(errno, "open quarantine directory " + config_.quarantine_dir);
+void SpoolAdopter::Warn(const char* format, ...) {
+  uint64_t suppressed = 0;
+  if (!warn_limiter_.Allow(clock_->Now(), &suppressed)) return;
+  char buf[1024];
+  va_list ap;
+  va_start(ap, format);
+  std::vsnprintf(buf, sizeof buf, format, ap);
+  va_end(ap);
+  if (suppressed > 0) {
+    PS_LOG_WARNING("spool: %s (and %llu more spool warnings in the last second)", buf,
+                   static_cast<unsigned long long>(suppressed));
+  } else {
+    PS_LOG_WARNING("spool: %s", buf);
   }
-  inotify_fd_.reset(::inotify_init1(IN_NONBLOCK | IN_CLOEXEC));
-  if (!inotify_fd_.valid()) return Status::FromErrno(errno, "inotify_init1");
-  if (::inotify_add_watch(inotify_fd_.get(), config_.spool_dir.c_str(),
-                          IN_CREATE | IN_MOVED_TO | IN_MODIFY | IN_CLOSE_WRITE) < 0) {
-    return Status::FromErrno(errno, "inotify_add_watch " + config_.spool_dir);
-  }
-  return Status::Ok();
 }
 
-void SpoolAdopter::OnInotify() {
-  alignas(inotify_event) char buf[4096];
-  while (::read(inotify_fd_.get(), buf, sizeof buf) > 0) {
-  }
-  // Also IN_Q_OVERFLOW lands here: the scan finds everything anyway.
-  changed_ = true;
+uint64_t SpoolAdopter::spool_bytes_of(uid_t uid) const {
+  const auto it = bytes_of_.find(uid);
+  return it == bytes_of_.end() ? 0 : it->second;
 }
 
-void SpoolAdopter::MaybeScan(Clock::time_point now) {
-  const auto since = now - last_scan_;
-  if ((changed_ && since >= kScanDebounce) ||
-      since >= std::chrono::milliseconds(config_.spool_rescan_interval_ms)) {
+void SpoolAdopter::Tick() {
+  if (dir_->TakeChanges()) changed_ = true;
+  const auto now = clock_->Now();
+  if (!scanning_) {
+    const auto since = now - last_scan_start_;
+    if (!(changed_ && since >= kScanDebounce) &&
+        since < std::chrono::milliseconds(config_.spool_rescan_interval_ms)) {
+      return;
+    }
     changed_ = false;
-    last_scan_ = now;
-    Scan();
+    scanning_ = true;
+    last_scan_start_ = now;
+    pass_bytes_ = 0;
+    pass_bytes_of_.clear();
+  }
+  ScanSome();
+}
+
+void SpoolAdopter::ScanSome() {
+  std::vector<SpoolEntry> entries;
+  bool pass_done = false;
+  if (Status s = dir_->List(config_.spool_scan_entries_max, &entries, &pass_done); !s.ok()) {
+    Warn("cannot list %s: %s; trying again at the next scan", config_.spool_dir.c_str(),
+         s.ToString().c_str());
+    scanning_ = false;
+    return;
+  }
+  const auto now = clock_->Now();
+  for (const SpoolEntry& e : entries) Examine(e, now);
+  if (pass_done) {
+    scanning_ = false;
+    // The segment being adopted was counted when it was listed, or is
+    // counted now if it was renamed after the pass went by it.
+    spool_bytes_ = pass_bytes_;
+    bytes_of_ = std::move(pass_bytes_of_);
+    pass_bytes_of_.clear();
+    metrics_->spool_bytes.store(spool_bytes_, std::memory_order_relaxed);
   }
 }
 
-void SpoolAdopter::Quarantine(const std::string& name, const std::string& why) {
-  const auto stamp = std::chrono::duration_cast<std::chrono::seconds>(
-                         std::chrono::system_clock::now().time_since_epoch()).count();
-  const std::string target = name + "." + std::to_string(stamp);
-  if (::renameat(dirfd_.get(), name.c_str(), quarantine_fd_.get(), target.c_str()) != 0) {
-    PS_LOG_ERROR("spool: cannot move %s/%s to the quarantine directory %s: %s; leaving it",
-                 config_.spool_dir.c_str(), name.c_str(), config_.quarantine_dir.c_str(),
-                 std::strerror(errno));
-    return;
-  }
-  metrics_->spool_files_quarantined_total.fetch_add(1, std::memory_order_relaxed);
-  PS_LOG_WARNING("spool: moved %s to %s/%s: %s", name.c_str(), config_.quarantine_dir.c_str(),
-                 target.c_str(), why.c_str());
-}
-
-void SpoolAdopter::Scan() {
-  const int fd = ::openat(dirfd_.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  DIR* d = ::fdopendir(fd);
-  if (d == nullptr) {
-    ::close(fd);
-    return;
-  }
-  std::vector<std::string> names;
-  while (dirent* e = ::readdir(d)) {
-    const std::string name = e->d_name;
-    if (name != "." && name != "..") names.push_back(name);
-  }
-  ::closedir(d);
-  std::sort(names.begin(), names.end());
-
-  const std::set<std::string> queued(queue_.begin(), queue_.end());
-  uint64_t bytes = 0;
-  for (const std::string& name : names) {
-    if (current_ && current_->name == name) {
-      struct stat st;
-      if (::fstat(current_->fd.get(), &st) == 0) bytes += static_cast<uint64_t>(st.st_size);
-      continue;
-    }
-    struct stat st;
-    if (::fstatat(dirfd_.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
-    const auto parsed = segment::ParseSpoolName(name);
-    if (!parsed) {
-      if (name.rfind(".tmp.", 0) == 0 && S_ISREG(st.st_mode)) {
-        const auto age = std::chrono::system_clock::now() -
-                         std::chrono::system_clock::from_time_t(st.st_mtime);
-        if (age > kStaleTemporary) Quarantine(name, "stale temporary of a writer that died");
-        continue;
+void SpoolAdopter::Examine(const SpoolEntry& e, Clock::time_point now) {
+  const auto parsed = segment::ParseSpoolName(e.name);
+  if (!parsed) {
+    if (e.name.rfind(".tmp.", 0) == 0 && e.regular) {
+      // A writer creating a segment (the name exists for a moment), or one
+      // that died doing it.
+      if (clock_->WallSeconds() - e.mtime_s > kStaleTemporaryS) {
+        Quarantine(e.name, e.allocated_bytes, "stale temporary of a writer that died");
       }
-      Quarantine(name, "not a spool segment name");
-      continue;
+      return;
     }
-    if (!S_ISREG(st.st_mode)) {
-      Quarantine(name, "not a regular file");
-      continue;
-    }
-    if (st.st_uid != parsed->uid) {
-      Quarantine(name, "owned by uid " + std::to_string(st.st_uid) + ", not the uid in its name");
-      continue;
-    }
-    bytes += static_cast<uint64_t>(st.st_size);
-    if (parsed->current) {
-      if (static_cast<uint64_t>(st.st_size) <= segment::kHeaderBytes) continue;  // nothing yet
-      // Take it out of the writers' way; they create a new current segment.
+    Quarantine(e.name, e.allocated_bytes, "not a spool segment name");
+    return;
+  }
+  if (!e.regular) {
+    Quarantine(e.name, e.allocated_bytes, "not a regular file");
+    return;
+  }
+  if (e.owner != parsed->uid) {
+    Quarantine(e.name, e.allocated_bytes,
+               "owned by uid " + std::to_string(e.owner) + ", not the uid in its name");
+    return;
+  }
+  if (e.links != 1) {
+    Quarantine(e.name, e.allocated_bytes,
+               "has " + std::to_string(e.links) + " hard links (spool segments have one)");
+    return;
+  }
+  if (e.has_hole) {
+    Quarantine(e.name, e.allocated_bytes,
+               "sparse (" + std::to_string(e.size) + " bytes, " +
+                   std::to_string(e.allocated_bytes) +
+                   " allocated): a spool writer only appends and never leaves a hole");
+    return;
+  }
+  pass_bytes_ += e.allocated_bytes;
+  pass_bytes_of_[parsed->uid] += e.allocated_bytes;
+  if (known_.count(e.name) != 0) return;
+  if (parsed->current) {
+    if (e.size <= segment::kHeaderBytes) return;  // nothing in it yet
+    // Take it out of the writers' way; they create a new current segment.
+    for (int attempt = 0; attempt < 2; ++attempt) {
       const std::string sealed = segment::SpoolSealedName(parsed->uid, segment::NewSegmentId());
-      if (::renameat(dirfd_.get(), name.c_str(), dirfd_.get(), sealed.c_str()) != 0) continue;
-      queue_.push_back(sealed);
-      settle_until_ = Clock::now() + kSettle;
-    } else if (queued.count(name) == 0) {
-      queue_.push_back(name);
+      const Status s = dir_->Rename(e.name, sealed);
+      if (s.ok()) {
+        Enqueue(parsed->uid, sealed, now + kSettle);
+        return;
+      }
+      if (s.code() != StatusCode::kAlreadyExists) {
+        if (s.code() != StatusCode::kNotFound) {
+          Warn("cannot rename %s to %s: %s; trying again at the next scan", e.name.c_str(),
+               sealed.c_str(), s.ToString().c_str());
+        }
+        return;
+      }
+    }
+    return;
+  }
+  Enqueue(parsed->uid, e.name, now);
+}
+
+void SpoolAdopter::Enqueue(uid_t uid, const std::string& name, Clock::time_point ready_at) {
+  if (!known_.insert(name).second) return;
+  waiting_[uid].push_back(Waiting{name, ready_at, 0});
+}
+
+bool SpoolAdopter::Quarantine(const std::string& name, uint64_t bytes, const std::string& why) {
+  if (dir_->quarantine_bytes() + bytes > config_.quarantine_bytes_max) {
+    Warn("%s/%s %s, but the quarantine is full (quarantine_bytes_max %llu); leaving it where "
+         "it is", config_.spool_dir.c_str(), name.c_str(), why.c_str(),
+         static_cast<unsigned long long>(config_.quarantine_bytes_max));
+    return false;
+  }
+  // <name>.<wall seconds>.<n>: never replaces an earlier file of the same
+  // name (the port refuses to), so nothing in the quarantine is lost.
+  const std::string stamp = std::to_string(clock_->WallSeconds());
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    const std::string target = name + "." + stamp + "." + std::to_string(quarantine_seq_++);
+    const Status s = dir_->Quarantine(name, target);
+    if (s.ok()) {
+      metrics_->spool_files_quarantined_total.fetch_add(1, std::memory_order_relaxed);
+      metrics_->quarantine_bytes.store(dir_->quarantine_bytes(), std::memory_order_relaxed);
+      Warn("moved %s to %s/%s: %s", name.c_str(), config_.quarantine_dir.c_str(), target.c_str(),
+           why.c_str());
+      return true;
+    }
+    if (s.code() == StatusCode::kNotFound) return false;  // gone meanwhile
+    if (s.code() != StatusCode::kAlreadyExists) {
+      Warn("cannot move %s/%s to the quarantine directory %s (%s): %s; leaving it",
+           config_.spool_dir.c_str(), name.c_str(), config_.quarantine_dir.c_str(), why.c_str(),
+           s.ToString().c_str());
+      return false;
     }
   }
-  spool_bytes_ = bytes;
+  return false;
 }
 
 Status SpoolAdopter::OpenCurrent(const std::string& name, uid_t uid) {
   auto c = std::make_unique<Current>();
   c->name = name;
-  c->fd.reset(::openat(dirfd_.get(), name.c_str(), O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
-  if (!c->fd.valid()) return Status::FromErrno(errno, "open");
-  struct stat st;
-  if (::fstat(c->fd.get(), &st) != 0) return Status::FromErrno(errno, "stat");
-  if (!S_ISREG(st.st_mode) || st.st_uid != uid) {
-    return Status(StatusCode::kPermissionDenied, "not a regular file owned by uid " + std::to_string(uid));
+  c->uid = uid;
+  if (Status s = dir_->Open(name, &c->file); !s.ok()) return s;
+  // The checks again, on the file that is read: the name may have been
+  // replaced since it was listed.
+  const SpoolEntry& e = c->file->entry();
+  if (!e.regular || e.owner != uid || e.links != 1 || e.has_hole) {
+    return Status(StatusCode::kPermissionDenied,
+                  "not a regular, unlinked, non-sparse file owned by uid " + std::to_string(uid));
   }
-  c->uid = st.st_uid;
-  c->gid = st.st_gid;
-  // Wait for appends in progress, and make sure none follows.
-  // No fdatasync of the flag at durability `accepted`: it is for writers,
-  // and after a power loss there are none; the ingest loop must not stall.
-  if (Status s = segment::SealSegment(c->fd.get(), Clock::now() + kSealWait,
-                                      config_.durability == Durability::kSynced);
-      !s.ok()) {
-    return s;
-  }
-  if (Status s = segment::FileSource::Open(c->fd.get(), &c->source); !s.ok()) return s;
+  // Wait for nothing: a writer holding the lock means "later".
+  if (Status s = c->file->TrySeal(config_.durability == Durability::kSynced); !s.ok()) return s;
   segment::ReaderOptions options;
   options.verify_payload = VerifyPostPayload;
+  options.step_bytes_max = config_.spool_read_bytes_max;
   Current* raw = c.get();
   options.on_skip = [this, raw](uint64_t offset, uint64_t bytes, segment::SkipReason reason) {
-    raw->skipped_bytes += bytes;
-    metrics_->spool_bytes_skipped_total.fetch_add(bytes, std::memory_order_relaxed);
-    PS_LOG_WARNING("spool: %s: skipped %llu damaged bytes at offset %llu (%s); the other posts "
-                   "in it are kept", raw->name.c_str(), static_cast<unsigned long long>(bytes),
-                   static_cast<unsigned long long>(offset), segment::SkipReasonName(reason));
+    raw->damaged_bytes += bytes;
+    metrics_->spool_bytes_damaged_total.fetch_add(bytes, std::memory_order_relaxed);
+    Warn("%s: skipped %llu damaged bytes at offset %llu (%s); the other posts in it are kept",
+         raw->name.c_str(), static_cast<unsigned long long>(bytes),
+         static_cast<unsigned long long>(offset), segment::SkipReasonName(reason));
   };
-  if (Status s = segment::SegmentReader::Open(c->source.get(), options, &c->reader); !s.ok()) {
+  if (Status s = segment::SegmentReader::Open(c->file->source(), options, &c->reader); !s.ok()) {
     return s;
   }
   current_ = std::move(c);
@@ -187,25 +227,53 @@ Status SpoolAdopter::OpenCurrent(const std::string& name, uid_t uid) {
 }
 
 bool SpoolAdopter::OpenNext() {
-  if (Clock::now() < settle_until_) return false;
-  while (!queue_.empty()) {
-    const std::string name = queue_.front();
-    queue_.pop_front();
-    const auto parsed = segment::ParseSpoolName(name);
-    if (!parsed) continue;
-    const Status s = OpenCurrent(name, parsed->uid);
-    if (s.ok()) return true;
-    if (s.code() == StatusCode::kNotFound) continue;
-    if (s.code() == StatusCode::kTimedOut) {
-      queue_.push_back(name);  // a writer is mid-append: later
-      return false;
+  const auto now = clock_->Now();
+  for (int attempt = 0; attempt < kOpenAttemptsPerCall && !waiting_.empty(); ++attempt) {
+    // Round-robin: the first uid at or after the cursor with a segment
+    // ready, wrapping around once.
+    auto it = waiting_.lower_bound(next_uid_);
+    Waiting* pick = nullptr;
+    uid_t uid = 0;
+    for (size_t n = 0; n < waiting_.size(); ++n, ++it) {
+      if (it == waiting_.end()) it = waiting_.begin();
+      Waiting& w = it->second.front();
+      if (w.ready_at <= now && (!uid_admitted_ || uid_admitted_(it->first))) {
+        pick = &w;
+        uid = it->first;
+        break;
+      }
     }
-    Quarantine(name, "unreadable: " + s.ToString());
+    if (pick == nullptr) return false;
+    Waiting w = std::move(*pick);
+    auto& queue = waiting_[uid];
+    queue.pop_front();
+    next_uid_ = uid + 1;  // the next pick starts with the next uid
+    const Status s = OpenCurrent(w.name, uid);
+    if (s.ok()) {
+      if (queue.empty()) waiting_.erase(uid);
+      return true;
+    }
+    if (s.code() == StatusCode::kTimedOut) {
+      // A writer holds the lock: retry later, behind this uid's other
+      // segments, with a back-off; other uids go on meanwhile.
+      metrics_->spool_seal_busy_total.fetch_add(1, std::memory_order_relaxed);
+      ++w.seal_attempts;
+      const auto delay = std::min<Clock::duration>(
+          kSealRetryInitial * (1u << std::min<uint32_t>(w.seal_attempts, 16)), kSealRetryMax);
+      w.ready_at = now + delay;
+      queue.push_back(std::move(w));
+      continue;
+    }
+    if (queue.empty()) waiting_.erase(uid);
+    known_.erase(w.name);
+    if (s.code() == StatusCode::kNotFound) continue;
+    Quarantine(w.name, 0, "unreadable: " + s.ToString());
   }
   return false;
 }
 
 bool SpoolAdopter::Next(Adopted* out) {
+  if (read_budget_spent_) return false;
   if (!current_ && !OpenNext()) return false;
   if (current_->at_end) return false;
   segment::Record rec;
@@ -213,49 +281,66 @@ bool SpoolAdopter::Next(Adopted* out) {
     case segment::SegmentReader::Result::kRecord:
       out->payload = rec.payload;
       out->uid = current_->uid;
-      out->gid = current_->gid;
       return true;
+    case segment::SegmentReader::Result::kYield:
+      read_budget_spent_ = true;
+      return false;
     case segment::SegmentReader::Result::kEnd:
       current_->at_end = true;
-      if (current_->reader->torn_tail_bytes() > 0) {
-        PS_LOG_WARNING("spool: %s ends with %llu bytes of an unfinished record (a writer died "
-                       "mid-write)", current_->name.c_str(),
-                       static_cast<unsigned long long>(current_->reader->torn_tail_bytes()));
-        current_->skipped_bytes += current_->reader->torn_tail_bytes();
-        metrics_->spool_bytes_skipped_total.fetch_add(current_->reader->torn_tail_bytes(),
-                                                      std::memory_order_relaxed);
+      if (const uint64_t torn = current_->reader->torn_tail_bytes(); torn > 0) {
+        Warn("%s ends with %llu bytes of an unfinished record (a writer died mid-write)",
+             current_->name.c_str(), static_cast<unsigned long long>(torn));
+        current_->damaged_bytes += torn;
+        metrics_->spool_bytes_torn_total.fetch_add(torn, std::memory_order_relaxed);
       }
       return false;
     case segment::SegmentReader::Result::kIoError:
-      PS_LOG_ERROR("spool: reading %s failed: %s; will read it again",
-                   current_->name.c_str(), current_->reader->io_status().ToString().c_str());
-      current_->at_end = false;
-      queue_.push_back(current_->name);
-      current_.reset();
+      Warn("reading %s failed: %s; will read it again", current_->name.c_str(),
+           current_->reader->io_status().ToString().c_str());
+      Restart();
       return false;
   }
   return false;
 }
 
+void SpoolAdopter::MarkRejected(const std::string& why) {
+  if (current_ && current_->rejected.empty()) current_->rejected = why;
+}
+
 void SpoolAdopter::Finish() {
   if (!current_) return;
   metrics_->spool_segments_adopted_total.fetch_add(1, std::memory_order_relaxed);
-  if (current_->skipped_bytes > 0) {
-    // Keep the damaged bytes for an operator to look at; the good records
-    // are journaled, and the quarantine is never read again.
-    Quarantine(current_->name, "adopted, but " + std::to_string(current_->skipped_bytes) +
-                                   " bytes of it were damaged");
-  } else if (::unlinkat(dirfd_.get(), current_->name.c_str(), 0) != 0 && errno != ENOENT) {
-    PS_LOG_ERROR("spool: cannot delete adopted segment %s: %s; its posts are journaled and "
-                 "would be adopted again", current_->name.c_str(), std::strerror(errno));
+  const std::string name = current_->name;
+  const uint64_t bytes = current_->file->entry().allocated_bytes;
+  std::string keep_why;
+  if (!current_->rejected.empty()) {
+    keep_why = "adopted, but a post in it was refused: " + current_->rejected;
+  } else if (current_->damaged_bytes > 0) {
+    keep_why = "adopted, but " + std::to_string(current_->damaged_bytes) +
+               " bytes of it were damaged";
   }
   current_.reset();
+  known_.erase(name);
+  if (!keep_why.empty()) {
+    // Keep what was not journaled for an operator to look at; the good
+    // records are journaled, and the quarantine is never read again. If
+    // the quarantine is full the file stays in the spool and is adopted
+    // again later (duplicates of its good records, never loss).
+    Quarantine(name, bytes, keep_why);
+    return;
+  }
+  if (Status s = dir_->Unlink(name); !s.ok() && s.code() != StatusCode::kNotFound) {
+    Warn("cannot delete adopted segment %s: %s; its posts are journaled and would be adopted "
+         "again", name.c_str(), s.ToString().c_str());
+  }
 }
 
 void SpoolAdopter::Restart() {
   if (!current_) return;
-  queue_.push_front(current_->name);
+  const uid_t uid = current_->uid;
+  const std::string name = current_->name;
   current_.reset();
+  waiting_[uid].push_front(Waiting{name, clock_->Now() + kSettle, 0});
 }
 
 }  // namespace postspool::daemon

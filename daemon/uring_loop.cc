@@ -21,11 +21,14 @@
 
 #include "io_loop.h"
 #include "log.h"
+#include "socket_ops.h"
 
 namespace postspool::daemon {
 namespace {
 
-enum Op : uint64_t { kAccept = 1, kRecv = 2, kPoll = 3, kWrite = 4, kSync = 5, kCancel = 6 };
+enum Op : uint64_t {
+  kAccept = 1, kRecv = 2, kPoll = 3, kWrite = 4, kSync = 5, kCancel = 6, kAcceptResume = 7
+};
 
 constexpr uint64_t UserData(Op op, uint32_t gen, int fd) {
   return (uint64_t{op} << 56) | (uint64_t{gen & 0xffffffu} << 32) | static_cast<uint32_t>(fd);
@@ -51,7 +54,7 @@ bool KernelAtLeast(int major, int minor) {
 class UringLoop final : public IoLoop {
  public:
   UringLoop(const IoLoopOptions& options, IoCallbacks* callbacks)
-      : options_(options), callbacks_(callbacks) {}
+      : options_(options), callbacks_(callbacks), accept_pause_(options.accept_pause_ms) {}
 
   ~UringLoop() override {
     if (ring_ready_) io_uring_queue_exit(&ring_);
@@ -169,6 +172,10 @@ class UringLoop final : public IoLoop {
     return Status::Ok();
   }
 
+  bool Send(int fd, std::span<const std::byte> packet) override { return SendPacket(fd, packet); }
+
+  void Close(int fd) override { ::close(fd); }
+
   void SubmitWrite(int fd, const std::byte* data, size_t bytes, uint64_t offset,
                    uint64_t cookie) override {
     assert(cookie < (uint64_t{1} << 56));
@@ -252,14 +259,35 @@ class UringLoop final : public IoLoop {
   void Handle(uint64_t ud, int32_t res, uint32_t flags) {
     switch (OpOf(ud)) {
       case kAccept:
-        if (res >= 0) callbacks_->OnAccept(res);
-        if (!(flags & IORING_CQE_F_MORE) && listen_fd_ >= 0 && listen_fd_ == FdOf(ud)) {
-          if (res < 0 && res != -ECANCELED) {
-            PS_LOG_WARNING("accept on the listening socket failed: %s; re-arming",
-                           std::strerror(-res));
+        if (res >= 0) {
+          accept_pause_.Succeeded();
+          PeerCred peer;
+          if (ReadPeerCred(res, &peer)) {
+            callbacks_->OnAccept(res, peer);
+          } else {
+            ::close(res);
           }
+        } else if (res != -ECANCELED && res != -EAGAIN && res != -EINTR) {
+          callbacks_->OnAcceptError(-res);
+          accept_pause_.Failed(-res, std::chrono::steady_clock::now());
+          if (flags & IORING_CQE_F_MORE) {
+            // Still armed: cancel it; the pause re-arms it.
+            io_uring_prep_cancel64(Sqe(), ud, 0);
+            io_uring_sqe_set_data64(last_sqe_, UserData(kCancel, 0, FdOf(ud)));
+          }
+          paused_ = true;
+          pause_ts_ = {0, static_cast<long long>(options_.accept_pause_ms) * 1000000LL};
+          io_uring_prep_timeout(Sqe(), &pause_ts_, 0, 0);
+          io_uring_sqe_set_data64(last_sqe_, UserData(kAcceptResume, 0, FdOf(ud)));
+          return;
+        }
+        if (!(flags & IORING_CQE_F_MORE) && !paused_ && listen_fd_ >= 0 && listen_fd_ == FdOf(ud)) {
           ArmAccept();
         }
+        return;
+      case kAcceptResume:
+        paused_ = false;
+        if (listen_fd_ >= 0) ArmAccept();
         return;
       case kRecv: {
         const int fd = FdOf(ud);
@@ -315,6 +343,9 @@ class UringLoop final : public IoLoop {
   std::byte* buffers_ = nullptr;
   size_t buffer_bytes_ = 0;
   int listen_fd_ = -1;
+  AcceptPause accept_pause_;
+  bool paused_ = false;              // accepting is paused (kAcceptResume re-arms)
+  __kernel_timespec pause_ts_{};     // the pause's timeout; read by the kernel
   std::vector<Conn> conns_;
   uint32_t next_gen_ = 0;
 };

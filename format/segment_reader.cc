@@ -137,7 +137,13 @@ void SegmentReader::Skip(uint64_t offset, uint64_t bytes, SkipReason reason) {
 }
 
 SegmentReader::Result SegmentReader::Next(Record* record) {
+  step_start_ = scan_bytes_;
+  if (resyncing_) {
+    const Result r = Resync(resync_failure_);
+    if (r != Result::kRecord) return r;
+  }
   while (!done_) {
+    if (StepBudgetSpent()) return Result::kYield;
     if (pos_ >= size_) {
       done_ = true;
       break;
@@ -179,38 +185,54 @@ SegmentReader::Result SegmentReader::Next(Record* record) {
 }
 
 SegmentReader::Result SegmentReader::Resync(FrameCheck first_failure) {
-  const uint64_t damaged = pos_;
+  if (!resyncing_) {
+    resyncing_ = true;
+    resync_damaged_ = pos_;
+    resync_failure_ = first_failure;
+    resync_next_ = pos_ + 1;
+  }
+  const uint64_t damaged = resync_damaged_;
   // Every byte offset, not only the 8-byte grid: a failed (short) append
   // leaves a partial record of any length, and the records other writers
-  // appended after it are then off the grid.
-  for (uint64_t q = damaged + 1; q + kRecordHeaderBytes <= size_; ++q) {
+  // appended after it are then off the grid. Every offset examined is
+  // charged to the budgets, so that no input makes this unbounded.
+  for (uint64_t q = resync_next_; q + kRecordHeaderBytes <= size_; ++q) {
     if (scan_bytes_ > options_.scan_bytes_max) {
+      resyncing_ = false;
       Skip(damaged, size_ - damaged, SkipReason::kScanBudgetExhausted);
       pos_ = size_;
       done_ = true;
       return Result::kEnd;
     }
+    if (StepBudgetSpent()) {
+      resync_next_ = q;
+      return Result::kYield;
+    }
+    ++scan_bytes_;
     FrameCheck check;
     uint32_t len = 0;
     if (Status s = Check(q, &check, &len); !s.ok()) {
+      resync_next_ = q;
       io_status_ = std::move(s);
       return Result::kIoError;
     }
     if (check != FrameCheck::kValid) continue;
     SkipReason reason = SkipReason::kChecksumMismatch;
-    switch (first_failure) {
+    switch (resync_failure_) {
       case FrameCheck::kBadMarker: reason = SkipReason::kBadMarker; break;
       case FrameCheck::kBadLength: reason = SkipReason::kBadLength; break;
       case FrameCheck::kTruncated: reason = SkipReason::kTruncated; break;
       case FrameCheck::kChecksumMismatch: reason = SkipReason::kChecksumMismatch; break;
       case FrameCheck::kValid: assert(false); break;
     }
+    resyncing_ = false;
     Skip(damaged, q - damaged, reason);
     pos_ = q;
     return Result::kRecord;
   }
   // No valid record follows: a writer died mid-write (or the damage is in
   // the last record, which looks the same). End of data.
+  resyncing_ = false;
   torn_tail_bytes_ = size_ - damaged;
   pos_ = size_;
   done_ = true;

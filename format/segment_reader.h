@@ -95,9 +95,15 @@ struct ReaderOptions {
   // means the first record after the header.
   uint64_t start_offset = 0;
   uint32_t payload_max = kRecordPayloadMax;
-  // Upper bound on the bytes hashed while checking records; 0 means
+  // Upper bound on the work of the whole read: bytes examined while
+  // resynchronising plus bytes hashed while checking records; 0 means
   // 2 * size + 64 MiB, which valid data never reaches.
   uint64_t scan_bytes_max = 0;
+  // Upper bound on the work of one Next() call (same units); when it is
+  // reached, Next() returns kYield and the next call goes on where it
+  // stopped. 0: no bound. A caller that must not stall (the daemon's ingest
+  // loop) sets it.
+  uint64_t step_bytes_max = 0;
 };
 
 class SegmentReader {
@@ -108,8 +114,9 @@ class SegmentReader {
   static Status Open(Source* source, ReaderOptions options,
                      std::unique_ptr<SegmentReader>* out);
 
-  enum class Result { kRecord, kEnd, kIoError };
-  // The next valid record, or kEnd, or kIoError (see io_status()).
+  enum class Result { kRecord, kEnd, kIoError, kYield };
+  // The next valid record, or kEnd, or kIoError (see io_status()), or
+  // kYield (step_bytes_max reached; call again).
   Result Next(Record* record);
 
   const Header& header() const { return header_; }
@@ -128,8 +135,11 @@ class SegmentReader {
   Status Check(uint64_t offset, FrameCheck* check, uint32_t* payload_bytes);
   void Skip(uint64_t offset, uint64_t bytes, SkipReason reason);
   // Damage starts at pos_: finds the next valid record and reports the gap,
-  // or takes the rest as the torn tail.
+  // or takes the rest as the torn tail. Resumable after kYield.
   Result Resync(FrameCheck first_failure);
+  bool StepBudgetSpent() const {
+    return options_.step_bytes_max != 0 && scan_bytes_ - step_start_ >= options_.step_bytes_max;
+  }
 
   Source* source_;
   ReaderOptions options_;
@@ -138,6 +148,13 @@ class SegmentReader {
   uint64_t pos_;
   uint64_t data_end_;
   uint64_t scan_bytes_ = 0;
+  uint64_t step_start_ = 0;  // scan_bytes_ when the current Next() call began
+  // A resynchronisation in progress (after kYield): where the damage
+  // started, why, and the next offset to try.
+  bool resyncing_ = false;
+  uint64_t resync_damaged_ = 0;
+  FrameCheck resync_failure_ = FrameCheck::kValid;
+  uint64_t resync_next_ = 0;
   uint64_t torn_tail_bytes_ = 0;
   uint64_t skipped_bytes_ = 0;
   bool done_ = false;

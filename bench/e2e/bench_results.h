@@ -147,7 +147,7 @@ struct SpoolResult {
   uint64_t spool_bytes = 0;
   double daemon_start_ms = 0;
   bool complete = false;
-  double adopted_seconds = 0;  // daemon start -> spool_posts_adopted_total
+  double adopted_seconds = 0;  // daemon start -> spool_posts_journaled_total
   double adopted_posts_per_s = 0;
   double confirmed_seconds = 0;  // daemon start -> confirmed_total
   double confirmed_posts_per_s = 0;

@@ -61,8 +61,8 @@ void ProgressPoller::Run() {
     // metrics file, or when the queue could not be asked, keeps the
     // previous value.
     auto metrics = daemon_->Metrics();
-    s.accepted = std::max(last.accepted, metrics["posts_accepted_total"]);
-    s.adopted = std::max(last.adopted, metrics["spool_posts_adopted_total"]);
+    s.accepted = std::max(last.accepted, metrics["socket_posts_journaled_total"]);
+    s.adopted = std::max(last.adopted, metrics["spool_posts_journaled_total"]);
     s.confirmed = std::max(last.confirmed, metrics["confirmed_total"]);
     uint32_t depth = 0;
     s.queue_depth = connection_.QueueMessageCount(queue_, &depth).ok()

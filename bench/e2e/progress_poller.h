@@ -23,8 +23,8 @@ namespace postspool::bench {
 
 struct ProgressSample {
   int64_t t_ns = 0;          // MonotonicNs()
-  uint64_t accepted = 0;     // posts_accepted_total (socket)
-  uint64_t adopted = 0;      // spool_posts_adopted_total
+  uint64_t accepted = 0;     // socket_posts_journaled_total
+  uint64_t adopted = 0;      // spool_posts_journaled_total
   uint64_t confirmed = 0;    // confirmed_total
   uint64_t queue_depth = 0;  // messages ready in the queue
 };

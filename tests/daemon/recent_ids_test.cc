@@ -7,7 +7,7 @@ namespace postspool::daemon {
 namespace {
 
 TEST(RecentIds, RemembersTheLastCapacityIdsAndForgetsTheOldest) {
-  RecentIds ids(3);
+  RecentIds ids(3, RecentIds::Key{});
   for (uint64_t i = 1; i <= 3; ++i) ids.Add(PostId{i, i});
   for (uint64_t i = 1; i <= 3; ++i) EXPECT_TRUE(ids.Contains(PostId{i, i}));
   ids.Add(PostId{4, 4});
@@ -20,7 +20,7 @@ TEST(RecentIds, RemembersTheLastCapacityIdsAndForgetsTheOldest) {
 }
 
 TEST(RecentIds, CapacityZeroRemembersNothing) {
-  RecentIds ids(0);
+  RecentIds ids(0, RecentIds::Key{});
   ids.Add(PostId{1, 2});
   EXPECT_FALSE(ids.Contains(PostId{1, 2}));
 }

@@ -1,0 +1,169 @@
+// Ingest: the daemon's decisions between a post arriving and its
+// acknowledgement. request → framing and verifier → validation (the one
+// ValidatePost shared with the client library) → origin stamped from the
+// socket credentials or the spool file's owner → group-commit batch →
+// journal write (and fdatasync) → acknowledgement; spool adoption; the disk
+// quota and the per-uid shares; the dedupe set.
+//
+// It makes no system call itself: events come from an IoLoop (io_loop.h),
+// and everything it does goes through the IoLoop (acks, journal writes and
+// syncs, closing connections) and the ports (ports.h: clock, journal, spool
+// directory). The daemon wires it to real ones (daemon.cc); the simulation
+// (tests/sim) to simulated ones that inject faults.
+//
+// Never blocks, never does unbounded work in one round: a request is
+// handled in time linear in its size; adoption hands out at most one
+// batch per round and reads at most spool_read_bytes_max bytes; the
+// directory scan examines at most spool_scan_entries_max entries.
+#pragma once
+
+#include <sys/types.h>
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "backoff.h"
+#include "config.h"
+#include "flatbuffers/flatbuffers.h"
+#include "io_loop.h"
+#include "log.h"
+#include "log_limiter.h"
+#include "metrics.h"
+#include "ports.h"
+#include "post.h"
+#include "recent_ids.h"
+#include "socket_protocol.h"
+#include "spool_adopter.h"
+
+namespace postspool::daemon {
+
+class Ingest final : public IoCallbacks {
+ public:
+  struct Ports {
+    ClockPort* clock = nullptr;
+    JournalPort* journal = nullptr;
+    SpoolDir* spool = nullptr;
+  };
+  // Everything borrowed must outlive the Ingest. `hostname` is stamped into
+  // every post; `dedupe_key` keys the dedupe set's hash (random per start,
+  // so that nobody can choose ids that collide); `seed` drives the
+  // back-off jitter.
+  Ingest(const Config& config, Metrics* metrics, Ports ports, std::string hostname,
+         const RecentIds::Key& dedupe_key, uint64_t seed);
+
+  // The loop must be attached before it runs.
+  void Attach(IoLoop* loop) { loop_ = loop; }
+  // Remembers ids journaled before this start (see RecentIds).
+  void RememberJournaled(const PostId& id) { recent_ids_.Add(id); }
+  // Calls `handler` when `fd` is readable (the loop watches it).
+  Status WatchReadable(int fd, std::function<void()> handler);
+  // Called at the end of every round with the time, after the ingest
+  // work: the wiring's periodic work (metrics file, watchdog).
+  void set_round_hook(std::function<void(Clock::time_point)> hook) { round_hook_ = std::move(hook); }
+
+  // Stops accepting; what arrived is journaled and acknowledged, then
+  // done() turns true.
+  void Stop();
+  bool stopping() const { return stopping_; }
+  bool done() const { return done_; }
+
+  // The disk the quota counts (journal + spool + quarantine + batches).
+  uint64_t DiskBytes() const;
+  uint64_t UidBytes(uid_t uid) const;
+
+  // IoCallbacks.
+  void OnAccept(int fd, const PeerCred& peer) override;
+  void OnAcceptError(int error) override;
+  void OnPacket(int fd, std::span<const std::byte> packet, bool truncated) override;
+  void OnConnectionClosed(int fd, int error) override;
+  void OnReadable(int fd) override;
+  void OnIoDone(uint64_t cookie, int64_t result) override;
+  void OnRoundEnd() override;
+
+ private:
+  struct Conn {
+    uint32_t gen = 0;
+    PeerCred peer;
+  };
+  struct PendingAck {
+    int fd;
+    uint32_t gen;
+    uint64_t request_id;
+    uint32_t records;
+  };
+  // One group-commit write: the framed records and whom to acknowledge.
+  struct Batch {
+    std::vector<std::byte> bytes;
+    std::vector<PendingAck> acks;
+    uint32_t records = 0;
+    uint32_t adopted = 0;     // of the records, how many came from the spool
+    std::vector<PostId> ids;  // of the records, for RecentIds
+    std::unordered_map<uid_t, uint64_t> bytes_of;  // per origin uid
+    void Clear();
+  };
+
+  void HandleRequest(int fd, const Conn& conn, std::span<const std::byte> packet, bool truncated);
+  void Refuse(int fd, const Conn& conn, const wire::RequestHeader* header, wire::AckStatus status,
+              Metrics::Counter* counter, const char* why);
+  void SendAck(int fd, uint32_t gen, const wire::Ack& ack);
+  // Stamps the trusted origin (and the default base URL) into a verified
+  // post, validates it and appends it, framed, to `batch`. Not ok (with
+  // the reason) if the post may not be accepted.
+  Status Stamp(std::span<const std::byte> payload, uid_t uid, std::optional<gid_t> gid,
+               std::optional<pid_t> pid, Batch* batch);
+  void FeedAdoption(Clock::time_point now);
+  void StartWrite();
+  void BatchCommitted();
+  void BatchFailed(const std::string& why);
+  void ForgetConfirmed();
+  void LogLimited(LogLimiter* limiter, LogLevel level, const char* format, ...)
+      __attribute__((format(printf, 4, 5)));
+
+  const Config& config_;
+  Metrics* metrics_;
+  Ports ports_;
+  IoLoop* loop_ = nullptr;
+  SpoolAdopter adopter_;
+  RecentIds recent_ids_;
+  std::string hostname_;
+  flatbuffers::FlatBufferBuilder builder_;
+  std::function<void(Clock::time_point)> round_hook_;
+  std::unordered_map<int, std::function<void()>> readable_;
+
+  std::unordered_map<int, Conn> conns_;
+  std::unordered_map<uid_t, uint32_t> conns_of_;
+  uint32_t next_gen_ = 0;
+
+  Batch filling_;
+  Batch writing_;
+  bool write_in_flight_ = false;
+  bool sync_in_flight_ = false;
+  JournalPort::Slot slot_;
+  uint64_t adopted_uncommitted_ = 0;
+  // Adoption pauses after a failed journal write, with a back-off, so that
+  // a full or broken disk is not hammered.
+  Backoff adoption_backoff_;
+  Clock::time_point adoption_resume_at_{};
+
+  // Bytes of unconfirmed posts in the journal, per origin uid: per journal
+  // segment, so that they are given back when the forwarder's watermark
+  // passes the segment.
+  std::map<uint64_t, std::unordered_map<uid_t, uint64_t>> segment_bytes_of_;
+  std::unordered_map<uid_t, uint64_t> journal_bytes_of_;
+
+  bool stopping_ = false;
+  bool done_ = false;
+
+  LogLimiter refuse_limiter_;
+  LogLimiter journal_limiter_;
+  LogLimiter invalid_limiter_;
+};
+
+}  // namespace postspool::daemon

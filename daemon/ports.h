@@ -1,0 +1,110 @@
+// The ingest logic's view of the world outside it: a clock, the journal and
+// the spool directory. The ingest logic (ingest.h) and spool adoption
+// (spool_adopter.h) make no system call themselves; they call these ports,
+// which the daemon implements with real files (journal_port.cc,
+// spool_dir.cc) and the simulation (tests/sim) with a simulated file system
+// that injects faults.
+//
+// Single-threaded: every port is called from the ingest loop's thread only.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "journal.h"
+#include "segment_reader.h"
+#include "status.h"
+
+namespace postspool::daemon {
+
+using Clock = std::chrono::steady_clock;
+
+class ClockPort {
+ public:
+  virtual ~ClockPort() = default;
+  virtual Clock::time_point Now() = 0;
+  // Wall-clock seconds since the Unix epoch (names in the quarantine).
+  virtual int64_t WallSeconds() = 0;
+};
+
+// The journal as the ingest loop writes it (JournalWriter's Reserve /
+// Committed / Abandon protocol, see journal.h). The write itself and its
+// fdatasync are submitted through the IoLoop on Slot::fd.
+class JournalPort {
+ public:
+  virtual ~JournalPort() = default;
+  struct Slot {
+    int fd = -1;               // valid until the next Reserve()
+    JournalPosition position;  // where the first byte goes
+  };
+  // May create a new segment; a failure (kNoSpace, kIoError) leaves nothing
+  // reserved, and the next call tries again.
+  virtual Status Reserve(uint64_t bytes, Slot* slot) = 0;
+  virtual JournalPosition Committed() = 0;
+  virtual void Abandon() = 0;
+  virtual JournalPosition end() const = 0;
+  // Bytes the journal holds on disk (for the disk quota).
+  virtual uint64_t bytes() const = 0;
+  // The forwarder's acked watermark: every record before it is confirmed
+  // (and the segments wholly before it are deleted or about to be).
+  virtual JournalPosition watermark() const = 0;
+  // Makes the committed end known to the forwarder.
+  virtual void Publish(JournalPosition committed) = 0;
+};
+
+// What a spool directory entry is, from lstat (or fstat of an open file).
+struct SpoolEntry {
+  std::string name;
+  bool regular = false;
+  uid_t owner = 0;
+  gid_t group = 0;
+  uint64_t links = 0;
+  uint64_t size = 0;             // apparent
+  uint64_t allocated_bytes = 0;  // st_blocks * 512: what the file costs the disk
+  bool has_hole = false;         // a hole before its end (SEEK_HOLE < size)
+  int64_t mtime_s = 0;
+};
+
+// A spool segment opened for adoption. The descriptor behind it was opened
+// O_NOFOLLOW | O_NONBLOCK, so that a FIFO or a symlink planted under the
+// name cannot hang or redirect the daemon.
+class SpoolFile {
+ public:
+  virtual ~SpoolFile() = default;
+  // What the open file is (fstat): the checks are made on the file that is
+  // read, not on the name.
+  virtual const SpoolEntry& entry() const = 0;
+  // Sets the sealed flag if no writer holds the segment's lock; never waits:
+  // kTimedOut when a writer holds it (try again later).
+  virtual Status TrySeal(bool sync) = 0;
+  // The bytes, for a SegmentReader; valid while this object lives.
+  virtual segment::Source* source() = 0;
+};
+
+class SpoolDir {
+ public:
+  virtual ~SpoolDir() = default;
+  // Lists up to `max` entries of the directory, continuing where the last
+  // call stopped; *pass_done when the pass reached the end (the next call
+  // starts a new pass). Entries are not in any particular order.
+  virtual Status List(size_t max, std::vector<SpoolEntry>* out, bool* pass_done) = 0;
+  // Renames within the directory; kAlreadyExists if `to` exists (never
+  // replaces), kNotFound if `from` is gone.
+  virtual Status Rename(const std::string& from, const std::string& to) = 0;
+  virtual Status Open(const std::string& name, std::unique_ptr<SpoolFile>* out) = 0;
+  virtual Status Unlink(const std::string& name) = 0;
+  // Moves `name` into the quarantine directory as `target`; kAlreadyExists
+  // if `target` exists there (never replaces).
+  virtual Status Quarantine(const std::string& name, const std::string& target) = 0;
+  // Bytes held by the quarantine directory (allocated), for the quota.
+  virtual uint64_t quarantine_bytes() const = 0;
+  // Drains the change notifications (inotify); true if any arrived.
+  virtual bool TakeChanges() = 0;
+};
+
+}  // namespace postspool::daemon
