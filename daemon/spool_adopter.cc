@@ -27,6 +27,8 @@ constexpr auto kSealRetryInitial = 10ms;
 constexpr auto kSealRetryMax = 5s;
 // A temporary left by a writer that died while creating a segment.
 constexpr int64_t kStaleTemporaryS = 3600;
+// A segment shorter than its header younger than this is given time.
+constexpr int64_t kYoungFileS = 10;
 // Segments opened (and checked, sealed) per call of OpenNext: bounds the
 // work of a round when many are busy or bad.
 constexpr int kOpenAttemptsPerCall = 16;
@@ -206,6 +208,12 @@ Status SpoolAdopter::OpenCurrent(const std::string& name, uid_t uid) {
     return Status(StatusCode::kPermissionDenied,
                   "not a regular, unlinked, non-sparse file owned by uid " + std::to_string(uid));
   }
+  if (e.size < segment::kHeaderBytes && clock_->WallSeconds() - e.mtime_s < kYoungFileS) {
+    // Shorter than a header: a writer that creates segments without
+    // postspool's atomic create may still be writing it. Later; only an old
+    // one is damaged.
+    return Status(StatusCode::kTimedOut, "shorter than a segment header, and new");
+  }
   // Wait for nothing: a writer holding the lock means "later".
   if (Status s = c->file->TrySeal(config_.durability == Durability::kSynced); !s.ok()) return s;
   segment::ReaderOptions options;
@@ -254,8 +262,9 @@ bool SpoolAdopter::OpenNext() {
       return true;
     }
     if (s.code() == StatusCode::kTimedOut) {
-      // A writer holds the lock: retry later, behind this uid's other
-      // segments, with a back-off; other uids go on meanwhile.
+      // A writer holds the lock (or is still writing the header): retry
+      // later, behind this uid's other segments, with a back-off; other
+      // uids go on meanwhile.
       metrics_->spool_seal_busy_total.fetch_add(1, std::memory_order_relaxed);
       ++w.seal_attempts;
       const auto delay = std::min<Clock::duration>(

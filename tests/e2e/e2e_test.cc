@@ -21,6 +21,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -73,10 +74,15 @@ PostId ParseUuid(const std::string& uuid) {
 
 // Writes `bytes` into `spool_dir` under a new sealed spool segment name, as
 // a client's roll-over leaves a segment for the daemon.
+// Writes the segment under a temporary name and renames it into place, as
+// real writers create segments (the name never shows a partial header): a
+// daemon that scans meanwhile must not see it half-written.
 void WriteSealedSpoolSegment(const std::string& spool_dir, const std::vector<std::byte>& bytes) {
   const std::string name = spool_dir + "/" + segment::SpoolSealedName(::geteuid(), segment::NewSegmentId());
-  std::ofstream(name, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
-                                               static_cast<std::streamsize>(bytes.size()));
+  const std::string tmp = spool_dir + "/.tmp.test." + std::to_string(::getpid());
+  std::ofstream(tmp, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
+                                              static_cast<std::streamsize>(bytes.size()));
+  ASSERT_EQ(::rename(tmp.c_str(), name.c_str()), 0) << std::strerror(errno);
 }
 
 uint64_t Seed() {
