@@ -11,6 +11,8 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -27,6 +29,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "broker/broker_fixture.h"
@@ -626,6 +629,130 @@ TEST_P(EndToEnd, SpooledCopyOfAPostAlreadyJournaledFromTheSocketIsDropped) {
   std::this_thread::sleep_for(300ms);  // anything published twice would be in the queue by now
   Collect(all, 1s);
   for (const std::string& id : all) EXPECT_EQ(seen_[id], 1) << id;
+}
+
+
+// CPU seconds (user + system) the process has used, from /proc.
+double CpuSeconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t close = text.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::istringstream fields(text.substr(close + 2));
+  std::string f;
+  unsigned long long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && fields >> f; ++i) {
+    if (i == 14) utime = std::stoull(f);
+    if (i == 15) stime = std::stoull(f);
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+size_t CountLines(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+TEST_P(EndToEnd, AcceptFailingWithEmfileBacksOffLogsOnceAndRecovers) {
+  BindQueue();
+  ASSERT_TRUE(StartDaemon());
+  const pid_t pid = daemon_->pid();
+  // Leave the daemon a handful of descriptors more than it has open.
+  size_t open_fds = 0;
+  for ([[maybe_unused]] const auto& e :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd")) {
+    ++open_fds;
+  }
+  // Only the soft limit: raising a hard limit again needs CAP_SYS_RESOURCE.
+  rlimit original{};
+  ASSERT_EQ(::prlimit(pid, RLIMIT_NOFILE, nullptr, &original), 0) << std::strerror(errno);
+  const rlimit low{open_fds + 8, original.rlim_max};
+  ASSERT_EQ(::prlimit(pid, RLIMIT_NOFILE, &low, nullptr), 0) << std::strerror(errno);
+  // Connections beyond that wait in the listen backlog; accept fails EMFILE.
+  std::vector<UniqueFd> held;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", daemon_->socket_path().c_str());
+  for (int i = 0; i < 40; ++i) {
+    UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    ASSERT_EQ(::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    held.push_back(std::move(fd));
+  }
+  const double cpu_before = CpuSeconds(pid);
+  std::this_thread::sleep_for(3s);
+  const double cpu = CpuSeconds(pid) - cpu_before;
+  const std::string log = daemon_->LogText();
+  std::printf("[ report ] EMFILE for 3 s: daemon CPU %.2f s, %zu accept-failure log lines\n", cpu,
+              CountLines(log, "accept on the listening socket failed"));
+  // Before: re-armed at once, 93 % of a core and millions of log lines.
+  // (io_uring's multishot accept may also just stop posting completions
+  // while the table is full: no line at all is fine.) An episode ends when
+  // an accept works, so the daemon's own descriptors coming and going can
+  // make a second one.
+  EXPECT_LT(cpu, 1.5) << "the daemon spins on accept";
+  EXPECT_LE(CountLines(log, "accept on the listening socket failed"), 3u) << log;
+  held.clear();
+  ASSERT_EQ(::prlimit(pid, RLIMIT_NOFILE, &original, nullptr), 0) << std::strerror(errno);
+  PosterOptions o = Poster(50);
+  o.budget_ms = 2000;
+  const PosterReport r = Posters(o, 1, ReportDir()).Wait();
+  EXPECT_EQ(r.socket_ids.size(), 50u) << "accepting again after the episode";
+  ExpectAllArrived(r.ids);
+  if (GetParam() == "epoll") {
+    EXPECT_GT(WaitForMetric("accept_errors_total", 1), 0u);
+  }
+}
+
+TEST_P(EndToEnd, AJournalThatCannotBeWrittenPausesAdoptionWithBackoffAndLogsLittle) {
+  BindQueue();
+  ASSERT_TRUE(StartDaemon());
+  // The journal's file system fills up under the running daemon: a small
+  // tmpfs over its journal directory would hide the open segment, so the
+  // daemon is restarted on one.
+  ASSERT_EQ(daemon_->Stop(), 0);
+  const std::string jdir = daemon_->journal_dir();
+  if (::mount("postspool-test", jdir.c_str(), "tmpfs", 0, "size=1m,mode=0700") != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs (" << std::strerror(errno) << "): needs root";
+  }
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { ::umount2(dir.c_str(), MNT_DETACH); }
+  } unmount{jdir};
+  ASSERT_TRUE(daemon_->Start());
+  {
+    // Fill what is left.
+    std::ofstream filler(jdir + "/filler", std::ios::binary);
+    const std::string block(4096, 'x');
+    while (filler.write(block.data(), static_cast<std::streamsize>(block.size()))) {
+    }
+  }
+  std::vector<PostData> posts;
+  std::vector<std::string> ids;
+  for (int i = 0; i < 50; ++i) {
+    PostData p;
+    p.id = NewPostId();
+    p.rel_path = "journal-full/" + std::to_string(i);
+    posts.push_back(p);
+    ids.push_back(Uuid(p.id));
+  }
+  WriteSealedSpoolSegment(daemon_->spool_dir(), SegmentBytes(posts, nullptr, segment::NewSegmentId()));
+  const pid_t pid = daemon_->pid();
+  const double cpu_before = CpuSeconds(pid);
+  std::this_thread::sleep_for(4s);
+  const double cpu = CpuSeconds(pid) - cpu_before;
+  const uint64_t errors = daemon_->Metrics()["journal_write_errors_total"];
+  const size_t lines = CountLines(daemon_->LogText(), "the next write starts a new segment");
+  std::printf("[ report ] journal full for 4 s: daemon CPU %.2f s, %llu failed writes, %zu log "
+              "lines\n", cpu, static_cast<unsigned long long>(errors), lines);
+  // Before: adoption restarted at once, 44-87 % of a core, a million lines.
+  EXPECT_GT(errors, 0u);
+  EXPECT_LT(errors, 40u) << "adoption retries without backing off";
+  EXPECT_LE(lines, 2u);
+  EXPECT_LT(cpu, 1.5);
+  // Space again: everything arrives, nothing was lost.
+  ASSERT_EQ(::unlink((jdir + "/filler").c_str()), 0);
+  ExpectAllArrived(ids);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, EndToEnd, ::testing::Values("io_uring", "epoll"),
