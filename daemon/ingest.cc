@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "log.h"
+#include "post_stamp.h"
 #include "segment_format.h"
 
 namespace postspool::daemon {
@@ -221,14 +222,22 @@ Status Ingest::Stamp(std::span<const std::byte> payload, uid_t uid, std::optiona
   p.origin_host = hostname_;
   if (p.base_url.empty()) p.base_url = config_.post_baseUrl;
   if (Status s = ValidatePost(p); !s.ok()) return s;
-  BuildPost(p, &builder_);
-  const auto span = builder_.GetBufferSpan();
-  const size_t before = batch->bytes.size();
-  if (Status s = segment::AppendRecord(std::as_bytes(std::span(span.data(), span.size())),
-                                       &batch->bytes);
-      !s.ok()) {
-    return s;
+  // In place, so that fields of a newer schema survive; a post without an
+  // origin slot (an older writer) is rebuilt, which loses nothing unless
+  // it also carries fields this daemon does not know.
+  std::span<const std::byte> stamped;
+  if (StampPostInPlace(payload, StampedOrigin{p.origin_uid, p.origin_gid, p.origin_pid, hostname_},
+                       config_.post_baseUrl, &stamp_buffer_)) {
+    stamped = stamp_buffer_;
+  } else {
+    if (PostHasUnknownFields(payload)) {
+      metrics_->posts_fields_dropped_total.fetch_add(1, std::memory_order_relaxed);
+    }
+    BuildPost(p, &builder_);
+    stamped = std::as_bytes(std::span(builder_.GetBufferSpan().data(), builder_.GetSize()));
   }
+  const size_t before = batch->bytes.size();
+  if (Status s = segment::AppendRecord(stamped, &batch->bytes); !s.ok()) return s;
   batch->bytes_of[uid] += batch->bytes.size() - before;
   batch->ids.push_back(p.id);
   return Status::Ok();

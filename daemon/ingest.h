@@ -134,6 +134,7 @@ class Ingest final : public IoCallbacks {
   RecentIds recent_ids_;
   std::string hostname_;
   flatbuffers::FlatBufferBuilder builder_;
+  std::vector<std::byte> stamp_buffer_;
   std::function<void(Clock::time_point)> round_hook_;
   std::unordered_map<int, std::function<void()>> readable_;
 

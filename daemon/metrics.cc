@@ -27,6 +27,7 @@ std::string Metrics::RenderPrometheus() const {
   PS_COUNTER(requests_refused_busy_total);
   PS_COUNTER(requests_unavailable_total);
   PS_COUNTER(socket_posts_journaled_total);
+  PS_COUNTER(posts_fields_dropped_total);
   PS_COUNTER(spool_segments_adopted_total);
   PS_COUNTER(spool_posts_journaled_total);
   PS_COUNTER(spool_posts_deduplicated_total);

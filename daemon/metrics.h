@@ -23,6 +23,9 @@ struct Metrics {
   Counter requests_refused_busy_total{0};  // the group-commit batch is full
   Counter requests_unavailable_total{0};   // the journal write failed
   Counter socket_posts_journaled_total{0};
+  // Posts without an origin slot that carried fields of a newer schema:
+  // rebuilt to stamp them, which dropped those fields (post_stamp.h).
+  Counter posts_fields_dropped_total{0};
   // Ingest: spool. A "file" is anything in the spool directory; a
   // "segment" is a spool segment file (FORMAT.md).
   Counter spool_segments_adopted_total{0};

@@ -125,8 +125,11 @@ void BuildPost(const PostData& p, flatbuffers::FlatBufferBuilder* b) {
     }
     extras = b->CreateVector(v);
   }
+  // Always an origin table, empty if nothing is known: the daemon stamps
+  // the origin by pointing this slot at a new table (post_stamp.h), which
+  // keeps fields of newer schemas that a rebuild would drop.
   flatbuffers::Offset<fb::Origin> origin = 0;
-  if (p.origin_uid || p.origin_gid || p.origin_pid || p.origin_host) {
+  {
     const auto host = OptString(b, p.origin_host);
     fb::OriginBuilder ob(*b);
     if (p.origin_uid) ob.add_uid(*p.origin_uid);

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "post_v2_generated.h"
+#include "post_stamp.h"
 #include "test_util.h"
 
 namespace postspool {
@@ -220,6 +221,85 @@ TEST(NewPostId, IsAVersion4IdAndDoesNotRepeat) {
     EXPECT_EQ(id.lo >> 62, 2u);
     EXPECT_TRUE(ids.insert(id).second);
   }
+}
+
+}  // namespace
+}  // namespace postspool
+
+namespace postspool {
+namespace {
+
+// A post written with the newer schema (tests/post_v2.fbs), with an origin
+// table the client does not fill and an empty base URL.
+std::vector<std::byte> NewerSchemaPost(bool with_origin) {
+  namespace v2 = fbtest::v2;
+  flatbuffers::FlatBufferBuilder b;
+  const auto base_url = b.CreateString("");
+  const auto rel_path = b.CreateString("dir/new.bin");
+  const auto content_type = b.CreateString("application/x-hdf5");
+  const auto blocks = v2::CreateBlocks(b, 4096, 3);
+  flatbuffers::Offset<v2::Origin> origin = 0;
+  if (with_origin) {
+    v2::OriginBuilder ob(b);
+    ob.add_uid(12345);  // what a client claims: replaced
+    origin = ob.Finish();
+  }
+  const v2::PostId id(9, 10);
+  v2::PostBuilder pb(b);
+  pb.add_id(&id);
+  pb.add_base_url(base_url);
+  pb.add_rel_path(rel_path);
+  pb.add_origin(origin);
+  pb.add_content_type(content_type);
+  pb.add_blocks(blocks);
+  b.Finish(pb.Finish(), v2::PostIdentifier());
+  std::vector<std::byte> payload(b.GetSize());
+  std::memcpy(payload.data(), b.GetBufferPointer(), b.GetSize());
+  return payload;
+}
+
+TEST(StampPostInPlace, KeepsTheFieldsOfANewerSchemaAndReplacesTheOrigin) {
+  const auto payload = NewerSchemaPost(true);
+  ASSERT_TRUE(VerifyPostPayload(payload));
+  EXPECT_TRUE(PostHasUnknownFields(payload));
+  std::vector<std::byte> out;
+  ASSERT_TRUE(StampPostInPlace(payload, StampedOrigin{1000, std::nullopt, 42, "node7"},
+                               "sftp://node7/", &out));
+  ASSERT_TRUE(VerifyPostPayload(out));
+  const PostData p = ReadPost(PostFromPayload(out));
+  EXPECT_EQ(p.origin_uid, 1000u);
+  EXPECT_EQ(p.origin_gid, std::nullopt);
+  EXPECT_EQ(p.origin_pid, 42);
+  EXPECT_EQ(p.origin_host, "node7");
+  EXPECT_EQ(p.base_url, "sftp://node7/");
+  EXPECT_EQ(p.rel_path, "dir/new.bin");
+  // What this build does not know is still there for a newer reader.
+  flatbuffers::Verifier verifier(reinterpret_cast<const uint8_t*>(out.data()), out.size());
+  ASSERT_TRUE(fbtest::v2::VerifyPostBuffer(verifier));
+  const auto* v2post = fbtest::v2::GetPost(out.data());
+  ASSERT_NE(v2post->content_type(), nullptr);
+  EXPECT_EQ(v2post->content_type()->str(), "application/x-hdf5");
+  ASSERT_NE(v2post->blocks(), nullptr);
+  EXPECT_EQ(v2post->origin()->uid(), 1000u);
+}
+
+TEST(StampPostInPlace, NeedsAnOriginSlotAndTodaysPostsAlwaysHaveOne) {
+  std::vector<std::byte> out;
+  EXPECT_FALSE(StampPostInPlace(NewerSchemaPost(false), StampedOrigin{1, 1, 1, "h"}, "file:/", &out));
+  PostData p;
+  p.id = PostId{1, 2};
+  p.base_url = "file:/";
+  p.rel_path = "a/b";
+  const auto today = testing::PostPayload(p);
+  EXPECT_FALSE(PostHasUnknownFields(today));
+  ASSERT_TRUE(StampPostInPlace(today, StampedOrigin{7, 8, 9, "h"}, "file:/", &out));
+  ASSERT_TRUE(VerifyPostPayload(out));
+  PostData want = p;
+  want.origin_uid = 7;
+  want.origin_gid = 8;
+  want.origin_pid = 9;
+  want.origin_host = "h";
+  EXPECT_EQ(ReadPost(PostFromPayload(out)), want);
 }
 
 }  // namespace
