@@ -121,6 +121,8 @@ Status ParseConfig(const std::string& text, const std::string& origin, Config* c
       {"connect_timeout_ms", [&](auto v) { return ParseU32(v, &c->connect_timeout_ms) && c->connect_timeout_ms > 0; }},
       {"reconnect_delay_initial_ms", [&](auto v) { return ParseU32(v, &c->reconnect_delay_initial_ms) && c->reconnect_delay_initial_ms > 0; }},
       {"reconnect_delay_max_ms", [&](auto v) { return ParseU32(v, &c->reconnect_delay_max_ms) && c->reconnect_delay_max_ms > 0; }},
+      {"republish_delay_initial_ms", [&](auto v) { return ParseU32(v, &c->republish_delay_initial_ms) && c->republish_delay_initial_ms > 0; }},
+      {"republish_delay_max_ms", [&](auto v) { return ParseU32(v, &c->republish_delay_max_ms) && c->republish_delay_max_ms > 0; }},
       {"checkpoint_interval_ms", [&](auto v) { return ParseU32(v, &c->checkpoint_interval_ms) && c->checkpoint_interval_ms > 0; }},
       {"tls_ca_file", [&](auto v) { c->tls_ca_file = v; return true; }},
       {"tls_cert_file", [&](auto v) { c->tls_cert_file = v; return true; }},
@@ -163,6 +165,10 @@ Status ParseConfig(const std::string& text, const std::string& origin, Config* c
   if (c->reconnect_delay_initial_ms > c->reconnect_delay_max_ms) {
     return Status(StatusCode::kInvalidArgument,
                   origin + ": reconnect_delay_initial_ms is above reconnect_delay_max_ms");
+  }
+  if (c->republish_delay_initial_ms > c->republish_delay_max_ms) {
+    return Status(StatusCode::kInvalidArgument,
+                  origin + ": republish_delay_initial_ms is above republish_delay_max_ms");
   }
   return Status::Ok();
 }

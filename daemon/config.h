@@ -67,6 +67,10 @@ struct Config {
   uint32_t connect_timeout_ms = 5000;
   uint32_t reconnect_delay_initial_ms = 100;
   uint32_t reconnect_delay_max_ms = 30000;
+  // The per-post delay before a post the broker nacked (or returned, under
+  // unroutable_policy = retry) is published again; exponential, full jitter.
+  uint32_t republish_delay_initial_ms = 100;
+  uint32_t republish_delay_max_ms = 30000;
   uint32_t checkpoint_interval_ms = 200;
   std::string tls_ca_file;  // empty: the system's CA store
   std::string tls_cert_file;

@@ -72,12 +72,10 @@ Status ListenOn(const Config& config, UniqueFd* out) {
       return Status(StatusCode::kAlreadyExists,
                     "socket_path " + path + " exists and is not a socket; not touching it");
     }
-    UniqueFd probe(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-    if (::connect(probe.get(), sa, sizeof addr) == 0) {
-      return Status(StatusCode::kAlreadyExists,
-                    "another postspoold is already listening on " + path);
-    }
-    ::unlink(path.c_str());  // stale, from a daemon that died
+    // Stale, from a daemon that died: this one holds the journal lock, so
+    // no live daemon of this journal owns it. (A connect() probe is no
+    // test: io_uring releases a killed daemon's socket asynchronously.)
+    ::unlink(path.c_str());
   }
   if (const size_t slash = path.rfind('/'); slash != std::string::npos && slash > 0) {
     if (Status s = MakeDirs(path.substr(0, slash), 0755); !s.ok()) return s;
@@ -162,6 +160,7 @@ class Daemon {
   CommitChannel commits_;
   RealClock clock_;
   RealSpoolDir spool_dir_;
+  UniqueFd journal_lock_;  // before the journal and forwarder: released last
   std::unique_ptr<JournalWriter> journal_;
   std::unique_ptr<RealJournal> journal_port_;
   std::unique_ptr<Forwarder> forwarder_;
@@ -182,6 +181,9 @@ Status Daemon::Start() {
   ::gethostname(host, sizeof host - 1);
 
   if (Status s = MakeDirs(config_.journal_dir, 0700); !s.ok()) return s;
+  // One daemon per journal, for the daemon's whole life (released by the
+  // kernel however it dies, so a restart never waits).
+  if (Status s = LockJournalDir(config_.journal_dir, &journal_lock_); !s.ok()) return s;
   if (Status s = MakeDirs(config_.spool_dir, 03733); !s.ok()) return s;
   if (Status s = MakeDirs(config_.quarantine_dir, 0700); !s.ok()) return s;
 

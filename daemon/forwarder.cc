@@ -26,8 +26,13 @@ constexpr int kPublishBatch = 64;
 constexpr auto kStableConnection = std::chrono::seconds(10);
 // Per-message warnings (nacks, returns) are logged at most this often.
 constexpr auto kMessageLogInterval = std::chrono::seconds(10);
-// How long to wait before reading the journal again after an I/O error.
-constexpr auto kJournalRetryDelay = std::chrono::seconds(1);
+// A journal read that fails (EIO, ...) is tried this many times in all, the
+// delays between doubling from kJournalRetryDelay (0.1 + 0.2 + 0.4 + 0.8 s:
+// the segment is declared damaged about 1.5 s after the first failure). A
+// disk's transient errors clear within that; a bad sector does not, and then
+// waiting longer would only hold back every later post.
+constexpr int kJournalReadAttempts = 5;
+constexpr auto kJournalRetryDelay = milliseconds(100);
 // The longest poll() when nothing else is due.
 constexpr auto kIdleWake = std::chrono::seconds(1);
 
@@ -49,6 +54,10 @@ std::string FormatPosition(JournalPosition p) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%016" PRIx64 ":%" PRIu64, p.segment_seq, p.offset);
   return buf;
+}
+
+milliseconds JournalRetryDelay(int failures) {
+  return kJournalRetryDelay * (1 << std::min(failures - 1, 10));
 }
 
 std::string IdString(PostId id) {
@@ -112,12 +121,29 @@ Status Forwarder::Start() {
   PublishWindow::Options window_options;
   window_options.window_max = config_.publish_window_max;
   window_options.unroutable_policy = config_.unroutable_policy;
-  window_options.retry_delay_initial_ms = config_.reconnect_delay_initial_ms;
-  window_options.retry_delay_max_ms = config_.reconnect_delay_max_ms;
+  window_options.retry_delay_initial_ms = config_.republish_delay_initial_ms;
+  window_options.retry_delay_max_ms = config_.republish_delay_max_ms;
   window_options.seed = seed_ ^ 0x9e3779b97f4a7c15ull;
   window_ = std::make_unique<PublishWindow>(window_options, start);
   reader_.Seek(start);
+  // Created here once (a failure on a full disk is not fatal: see the class
+  // comment); after that every store is in place.
+  checkpoint_.reset();
+  checkpoint_open_error_logged_ = false;
+  if (Status cs = Checkpoint::Open(dirfd_, start, &checkpoint_); !cs.ok()) {
+    PS_LOG_ERROR("forwarder: cannot create the journal checkpoint file in %s: %s; publishing "
+                 "and deleting confirmed segments go on without it (a restart publishes again "
+                 "from the oldest segment); trying again every %u ms",
+                 config_.journal_dir.c_str(), cs.ToString().c_str(),
+                 config_.checkpoint_interval_ms);
+    checkpoint_open_error_logged_ = true;
+  }
+  written_checkpoint_ = start;
   stored_checkpoint_ = start;
+  cleaned_at_ = JournalPosition{};
+  read_attempts_ = 0;
+  republish_attempts_ = 0;
+  republish_failed_at_ = JournalPosition{};
   idle_at_limit_ = JournalPosition{};
   read_high_ = start;
   encode_error_high_ = start;
@@ -167,6 +193,12 @@ bool Forwarder::StopAndDrain(milliseconds timeout) {
   }
   thread_.join();
   return drained_.load();
+}
+
+void Forwarder::set_journal_source_factory(const JournalReader::SourceFactory& factory) {
+  assert(!thread_.joinable());
+  reader_.set_source_factory(factory);
+  retry_reader_.set_source_factory(factory);
 }
 
 JournalPosition Forwarder::watermark() const {
@@ -372,6 +404,10 @@ bool Forwarder::Pump(Clock::time_point now) {
     LoseConnection(s, now);
     return false;
   }
+  // The confirms just read moved the watermark: record it before publishing
+  // anything more, so that what a crash leaves unconfirmed after the stored
+  // watermark is at most one window (publish_window_max).
+  WriteWatermark();
   bool more = false;
   if (!blocked_) {
     int budget = kPublishBatch;
@@ -390,22 +426,29 @@ bool Forwarder::Pump(Clock::time_point now) {
     commits_->Drain();
     const JournalPosition limit = commits_->committed();
     while (budget > 0 && now >= journal_retry_at_ && window_->CanPublishNew()) {
+      const JournalPosition before = reader_.position();
+      if (auto it = damaged_.find(before.segment_seq);
+          it != damaged_.end() && before >= it->second.at) {
+        // Past the damage the segment is given up, but only once the ingest
+        // loop writes elsewhere: while the committed end is in it, skipping
+        // would put the reader (and the watermark) beyond the committed end.
+        if (before.segment_seq >= limit.segment_seq) break;
+        reader_.SkipSegment();
+        continue;
+      }
       JournalReader::Entry entry;
       bool got = false;
-      const JournalPosition before = reader_.position();
       const Status rs = reader_.Next(limit, &entry, &got);
       AccountSkippedBytes(before);
       if (!rs.ok()) {
-        if (!journal_error_logged_) {
-          PS_LOG_ERROR("forwarder: cannot read the journal at %s: %s; trying again every %s",
-                       FormatPosition(reader_.position()).c_str(), rs.ToString().c_str(),
-                       FormatSeconds(kJournalRetryDelay).c_str());
-          journal_error_logged_ = true;
-        }
-        journal_retry_at_ = now + kJournalRetryDelay;
+        if (OnJournalReadError(rs, now)) continue;
         break;
       }
-      journal_error_logged_ = false;
+      if (read_attempts_ > 0) {
+        PS_LOG_INFO("forwarder: reading the journal at %s works again",
+                    FormatPosition(before).c_str());
+        read_attempts_ = 0;
+      }
       if (!got) {
         window_->OnReaderIdle(reader_.position());
         idle_at_limit_ = std::max(idle_at_limit_, limit);
@@ -423,6 +466,65 @@ bool Forwarder::Pump(Clock::time_point now) {
   metrics_->publish_in_flight.store(window_->in_flight(), std::memory_order_relaxed);
   PublishWatermark();
   return more || session_->HasBufferedInput();
+}
+
+bool Forwarder::OnJournalReadError(const Status& why, Clock::time_point now) {
+  const JournalPosition at = reader_.position();
+  if (auto it = damaged_.find(at.segment_seq); it != damaged_.end()) {
+    // Known already (read again after a reconnect): no retries, no report.
+    it->second.at = std::min(it->second.at, at);
+    read_attempts_ = 0;
+    return true;
+  }
+  // A damaged header is the same on every read; an I/O error may pass.
+  const bool damaged =
+      why.code() == StatusCode::kCorruption || why.code() == StatusCode::kUnsupported;
+  if (!damaged && ++read_attempts_ < kJournalReadAttempts) {
+    const milliseconds delay = JournalRetryDelay(read_attempts_);
+    PS_LOG_WARNING("forwarder: cannot read the journal at %s: %s; trying again in %s "
+                   "(attempt %d of %d)",
+                   FormatPosition(at).c_str(), why.ToString().c_str(),
+                   FormatSeconds(delay).c_str(), read_attempts_ + 1, kJournalReadAttempts);
+    journal_retry_at_ = now + delay;
+    return false;
+  }
+  read_attempts_ = 0;
+  ReportDamagedSegment(at, why);
+  return true;
+}
+
+void Forwarder::ReportDamagedSegment(JournalPosition at, const Status& why) {
+  if (!damaged_.emplace(at.segment_seq, Damaged{at}).second) return;
+  metrics_->journal_segments_damaged_total.fetch_add(1, std::memory_order_relaxed);
+  PS_LOG_ERROR("forwarder: journal segment %s/%s is damaged (%s); its posts after offset "
+               "%" PRIu64 " cannot be published. Publishing goes on with the next segment; "
+               "this one is kept in %s/damaged/ once the forwarder is past it",
+               config_.journal_dir.c_str(), JournalSegmentName(at.segment_seq).c_str(),
+               why.ToString().c_str(), at.offset, config_.journal_dir.c_str());
+}
+
+void Forwarder::SetAsideDamagedSegments(JournalPosition watermark) {
+  for (auto it = damaged_.begin(); it != damaged_.end() && it->first < watermark.segment_seq;) {
+    std::string moved_to;
+    const Status s = SetAsideDamagedSegment(dirfd_, it->first, usage_, &moved_to);
+    if (s.ok() || s.code() == StatusCode::kNotFound) {
+      if (s.ok()) {
+        PS_LOG_WARNING("forwarder: moved the damaged journal segment %s to %s/%s",
+                       JournalSegmentName(it->first).c_str(), config_.journal_dir.c_str(),
+                       moved_to.c_str());
+      }
+      it = damaged_.erase(it);
+      continue;
+    }
+    if (!it->second.move_error_logged) {
+      PS_LOG_ERROR("forwarder: cannot move the damaged journal segment %s/%s aside: %s; it "
+                   "stays where it is and is not deleted; trying again every %u ms",
+                   config_.journal_dir.c_str(), JournalSegmentName(it->first).c_str(),
+                   s.ToString().c_str(), config_.checkpoint_interval_ms);
+      it->second.move_error_logged = true;
+    }
+    ++it;
+  }
 }
 
 void Forwarder::AccountSkippedBytes(JournalPosition before) {
@@ -491,11 +593,31 @@ Status Forwarder::Republish(const PublishWindow::Due& due, Clock::time_point now
   JournalReader::Entry entry;
   bool got = false;
   if (Status rs = retry_reader_.Next(due.next, &entry, &got); !rs.ok()) {
-    PS_LOG_ERROR("forwarder: cannot read post %s again from the journal at %s: %s; trying "
-                 "again in %s",
+    if (republish_failed_at_ != due.position) {
+      republish_failed_at_ = due.position;
+      republish_attempts_ = 0;
+    }
+    const bool damaged = rs.code() == StatusCode::kCorruption ||
+                         rs.code() == StatusCode::kUnsupported ||
+                         damaged_.contains(due.position.segment_seq);
+    if (!damaged && ++republish_attempts_ < kJournalReadAttempts) {
+      const milliseconds delay = JournalRetryDelay(republish_attempts_);
+      PS_LOG_WARNING("forwarder: cannot read post %s again from the journal at %s: %s; trying "
+                     "again in %s",
+                     IdString(due.id).c_str(), FormatPosition(due.position).c_str(),
+                     rs.ToString().c_str(), FormatSeconds(delay).c_str());
+      journal_retry_at_ = now + delay;
+      return Status::Ok();
+    }
+    // It cannot be read any more: the segment is damaged. Holding the
+    // watermark for it would stop forwarding for good.
+    republish_attempts_ = 0;
+    ReportDamagedSegment(due.position, rs);
+    PS_LOG_ERROR("forwarder: post %s at journal position %s can no longer be read from the "
+                 "journal (%s); it is skipped",
                  IdString(due.id).c_str(), FormatPosition(due.position).c_str(),
-                 rs.ToString().c_str(), FormatSeconds(kJournalRetryDelay).c_str());
-    journal_retry_at_ = now + kJournalRetryDelay;
+                 rs.ToString().c_str());
+    window_->OnUnreadable(due.handle);
     return Status::Ok();
   }
   Status es;
@@ -522,28 +644,68 @@ Status Forwarder::Republish(const PublishWindow::Due& due, Clock::time_point now
   return Status::Ok();
 }
 
-void Forwarder::MaybeCheckpoint(Clock::time_point now, bool force) {
+void Forwarder::WriteWatermark() {
   PublishWatermark();
   const JournalPosition w = window_->watermark();
-  if (w == stored_checkpoint_) return;
-  if (!force && now < next_checkpoint_at_) return;
-  next_checkpoint_at_ = now + milliseconds(config_.checkpoint_interval_ms);
-  if (Status s = Checkpoint::Store(dirfd_, w); !s.ok()) {
+  if (!checkpoint_ || w == written_checkpoint_) return;
+  if (Status s = checkpoint_->Store(w); !s.ok()) {
     if (!checkpoint_error_logged_) {
-      PS_LOG_ERROR("forwarder: cannot store the journal checkpoint: %s; confirmed segments "
-                   "are kept until it works (trying every %u ms)",
-                   s.ToString().c_str(), config_.checkpoint_interval_ms);
+      PS_LOG_ERROR("forwarder: cannot write the journal checkpoint: %s; trying again (a crash "
+                   "now publishes more than one window again)",
+                   s.ToString().c_str());
       checkpoint_error_logged_ = true;
     }
     return;
   }
-  checkpoint_error_logged_ = false;
-  stored_checkpoint_ = w;
+  written_checkpoint_ = w;
+}
+
+void Forwarder::MaybeCheckpoint(Clock::time_point now, bool force) {
+  PublishWatermark();
+  const JournalPosition w = window_->watermark();
+  if (w == stored_checkpoint_ && w == cleaned_at_) return;
+  if (!force && now < next_checkpoint_at_) return;
+  next_checkpoint_at_ = now + milliseconds(config_.checkpoint_interval_ms);
+  if (!checkpoint_) {
+    if (Status s = Checkpoint::Open(dirfd_, w, &checkpoint_); s.ok()) {
+      PS_LOG_INFO("forwarder: created the journal checkpoint file");
+      written_checkpoint_ = w;
+      checkpoint_open_error_logged_ = false;
+    } else if (!checkpoint_open_error_logged_) {
+      PS_LOG_ERROR("forwarder: cannot create the journal checkpoint file in %s: %s; trying "
+                   "again every %u ms",
+                   config_.journal_dir.c_str(), s.ToString().c_str(),
+                   config_.checkpoint_interval_ms);
+      checkpoint_open_error_logged_ = true;
+    }
+  }
+  if (checkpoint_ && w != stored_checkpoint_) {
+    WriteWatermark();
+    Status s = written_checkpoint_ == w ? checkpoint_->Sync()
+                                        : Status(StatusCode::kIoError, "not written");
+    if (s.ok()) {
+      checkpoint_error_logged_ = false;
+      stored_checkpoint_ = w;
+    } else if (!checkpoint_error_logged_) {
+      PS_LOG_ERROR("forwarder: cannot store the journal checkpoint: %s; trying every %u ms",
+                   s.ToString().c_str(), config_.checkpoint_interval_ms);
+      checkpoint_error_logged_ = true;
+    }
+  }
+  // Deleting does not wait for the checkpoint (journal.h): on a full disk
+  // with no checkpoint file, deleting is what makes room for one. With one,
+  // it comes after the sync, so that a power loss rarely finds a stored
+  // watermark in a deleted segment (which costs duplicates, not posts).
+  SetAsideDamagedSegments(w);
+  std::vector<uint64_t> keep;
+  for (const auto& [seq, damaged] : damaged_) keep.push_back(seq);
   int deleted = 0;
-  if (Status s = DeleteConfirmedSegments(dirfd_, w, usage_, &deleted); !s.ok()) {
+  if (Status s = DeleteConfirmedSegments(dirfd_, w, usage_, &deleted, keep); !s.ok()) {
     PS_LOG_ERROR("forwarder: cannot delete confirmed journal segments: %s; trying again at the "
                  "next checkpoint",
                  s.ToString().c_str());
+  } else {
+    cleaned_at_ = w;
   }
   if (deleted > 0) {
     PS_LOG_DEBUG("forwarder: deleted %d confirmed journal segments before %s", deleted,
@@ -555,7 +717,9 @@ void Forwarder::MaybeCheckpoint(Clock::time_point now, bool force) {
 void Forwarder::Wait(Clock::time_point now, bool busy) {
   Clock::time_point until = now + kIdleWake;
   const auto earlier = [&until](Clock::time_point t) { until = std::min(until, t); };
-  if (window_->watermark() != stored_checkpoint_) earlier(next_checkpoint_at_);
+  if (window_->watermark() != stored_checkpoint_ || window_->watermark() != cleaned_at_) {
+    earlier(next_checkpoint_at_);
+  }
   if (journal_retry_at_ > now) earlier(journal_retry_at_);
   if (mode_.load() == Mode::kDrain) {
     std::lock_guard lock(control_mu_);

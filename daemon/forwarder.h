@@ -7,10 +7,32 @@
 // connection or a broker restart means it is published again, read again
 // from the journal (the only copy: no payload is held in memory). The
 // watermark is the journal position just after the longest confirmed
-// prefix; it is stored as the Checkpoint every checkpoint_interval_ms when
-// it moved, and then the segments wholly before it are deleted. Duplicates
-// happen only around a reconnect or a restart and are bounded by
-// publish_window_max.
+// prefix. It is written into the Checkpoint (a pwrite: the page cache keeps
+// it across a crash of the process) whenever confirms moved it, before
+// anything more is published, and synced every checkpoint_interval_ms (a
+// power loss), after which the segments wholly before it are deleted. So
+// after a crash of the daemon at most publish_window_max posts are
+// published again (those in flight when it died); after a power loss, what
+// was confirmed since the last sync as well. The checkpoint file is created
+// at Start; on a full disk that fails, the forwarder goes on without it
+// (trying again every checkpoint_interval_ms, logged once): it still
+// publishes and deletes confirmed segments, which is safe without a stored
+// checkpoint (journal.h, DeleteConfirmedSegments), but a restart then
+// publishes again from the last stored watermark or the oldest segment.
+//
+// Damaged journal segments (DESIGN.md, "Faults the daemon survives by
+// itself"): a segment that cannot be read (a damaged or truncated header,
+// such as a zero-length file after a power loss, or read errors that
+// persist over kJournalReadAttempts tries with backoff) is reported once (an
+// ERROR naming the file and the reason; journal_segments_damaged_total) and
+// skipped: publishing goes on with the next segment. If it is the segment
+// the ingest loop is writing (the committed end is in it), the forwarder
+// waits until the committed end moves to a later segment, then skips it.
+// Once the watermark is past it, it is moved to damaged/ in the journal
+// directory (SetAsideDamagedSegment) instead of being deleted; if that move
+// fails it stays where it is, is never deleted and the move is tried again
+// at every checkpoint (remembered in memory only: a restart that finds it
+// behind the stored watermark deletes it with the confirmed segments).
 //
 // The thread: reads records with a JournalReader from the watermark up to
 // CommitChannel::committed(), encodes them (v03::Encode), publishes them
@@ -26,8 +48,8 @@
 // after a connection that worked (it got a confirm, or stayed up 10 s).
 // Every failure is logged with the broker (without its password), the error
 // and what happens next. A nacked post (and an unroutable one under the
-// retry policy) waits per post, with the same backoff over
-// reconnect_delay_initial_ms .. reconnect_delay_max_ms, before it is
+// retry policy) waits per post, with exponential backoff and full jitter
+// over republish_delay_initial_ms .. republish_delay_max_ms, before it is
 // published again.
 //
 // Bounded: at most publish_window_max posts in flight and as many entries
@@ -55,6 +77,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -108,6 +131,10 @@ class Forwarder final : private AmqpSession::Handler {
   // The seeds of the random delays (for tests that want to print them).
   uint64_t backoff_seed() const { return seed_; }
 
+  // For tests: how the journal readers read a segment (they inject read
+  // errors through it). Call before Start.
+  void set_journal_source_factory(const JournalReader::SourceFactory& factory);
+
  private:
   enum class Mode : int { kRun, kDrain, kStop };
 
@@ -125,7 +152,17 @@ class Forwarder final : private AmqpSession::Handler {
   Status Republish(const PublishWindow::Due& due, Clock::time_point now);
   Status EncodePost(const fb::Post& post, v03::Encoded* out);
   void AccountSkippedBytes(JournalPosition before);
+  // Damaged segments. A read of the main reader failed with `why`: true if
+  // the reader may go on (the segment is now known damaged), false if the
+  // read is to be tried again at journal_retry_at_.
+  bool OnJournalReadError(const Status& why, Clock::time_point now);
+  // Logs and counts a damaged segment, once.
+  void ReportDamagedSegment(JournalPosition at, const Status& why);
+  // Moves the damaged segments wholly before `watermark` to damaged/.
+  void SetAsideDamagedSegments(JournalPosition watermark);
   // Checkpoint and watermark.
+  // Writes the watermark into the checkpoint (no sync) if it moved.
+  void WriteWatermark();
   void MaybeCheckpoint(Clock::time_point now, bool force);
   void PublishWatermark();
   bool Drained() const;
@@ -184,8 +221,23 @@ class Forwarder final : private AmqpSession::Handler {
   uint64_t confirms_this_connection_ = 0;
   Clock::time_point reconnect_at_;
   Clock::time_point journal_retry_at_;
-  bool journal_error_logged_ = false;
-  JournalPosition stored_checkpoint_;
+  // Failed reads in a row at the main reader's position.
+  int read_attempts_ = 0;
+  // Republishing: failed reads in a row of the post at this position.
+  JournalPosition republish_failed_at_;
+  int republish_attempts_ = 0;
+  struct Damaged {
+    JournalPosition at;  // where reading failed; the rest of the segment is skipped
+    bool move_error_logged = false;
+  };
+  // Segments known to be damaged and not moved aside yet, by seq.
+  std::map<uint64_t, Damaged> damaged_;
+  // nullptr while the checkpoint file could not be created (a full disk).
+  std::unique_ptr<Checkpoint> checkpoint_;
+  bool checkpoint_open_error_logged_ = false;
+  JournalPosition written_checkpoint_;  // written, maybe not synced
+  JournalPosition stored_checkpoint_;   // synced
+  JournalPosition cleaned_at_;          // the watermark of the last deletion
   Clock::time_point next_checkpoint_at_;
   bool checkpoint_error_logged_ = false;
   // The reader found nothing more before this limit (since the last seek).

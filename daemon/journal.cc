@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/eventfd.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -11,6 +12,8 @@
 #include <cassert>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include "little_endian.h"
 #include "post.h"
@@ -20,9 +23,78 @@ namespace postspool::daemon {
 namespace {
 
 constexpr char kCheckpointName[] = "checkpoint";
-constexpr char kCheckpointTmpName[] = "checkpoint.tmp";
+// Only while the version 2 file is first made (Checkpoint::Open).
+constexpr char kCheckpointNewName[] = "checkpoint.new";
+constexpr char kLockName[] = "lock";
+constexpr char kDamagedDirName[] = "damaged";
 constexpr uint32_t kCheckpointMagic = 0x4b435350;  // "PSCK"
-constexpr size_t kCheckpointBytes = 32;
+// Version 1 (earlier releases): one 32-byte record, replaced by rename.
+constexpr size_t kCheckpointV1Bytes = 32;
+// Version 2: two slots, each at the start of its own 4 KiB block, so that a
+// torn write of one (a sector or a page) cannot touch the other.
+constexpr size_t kCheckpointSlotStride = 4096;
+constexpr size_t kCheckpointSlotBytes = 64;  // 40 used, the rest zero
+constexpr size_t kCheckpointFileBytes = 2 * kCheckpointSlotStride;
+
+struct CheckpointSlot {
+  bool valid = false;
+  uint64_t generation = 0;
+  JournalPosition pos;
+};
+
+void EncodeCheckpointSlot(uint64_t generation, JournalPosition pos,
+                          std::byte (&raw)[kCheckpointSlotBytes]) {
+  std::memset(raw, 0, sizeof raw);
+  StoreLe32(raw, kCheckpointMagic);
+  StoreLe32(raw + 4, 2);
+  StoreLe64(raw + 8, generation);
+  StoreLe64(raw + 16, pos.segment_seq);
+  StoreLe64(raw + 24, pos.offset);
+  StoreLe64(raw + 32, segment::MaskChecksum(XXH3_64bits(raw, 32)));
+}
+
+CheckpointSlot DecodeCheckpointSlot(const std::byte* raw) {
+  CheckpointSlot slot;
+  if (LoadLe32(raw) != kCheckpointMagic || LoadLe32(raw + 4) != 2 ||
+      LoadLe64(raw + 32) != segment::MaskChecksum(XXH3_64bits(raw, 32))) {
+    return slot;
+  }
+  slot.valid = true;
+  slot.generation = LoadLe64(raw + 8);
+  slot.pos = JournalPosition{LoadLe64(raw + 16), LoadLe64(raw + 24)};
+  return slot;
+}
+
+// The newest valid slot of a version 2 file's bytes.
+CheckpointSlot NewestCheckpointSlot(const std::byte* file) {
+  CheckpointSlot best;
+  for (size_t i = 0; i < 2; ++i) {
+    const CheckpointSlot slot = DecodeCheckpointSlot(file + i * kCheckpointSlotStride);
+    if (slot.valid && (!best.valid || slot.generation > best.generation)) best = slot;
+  }
+  return best;
+}
+
+Status ReadWhole(int fd, std::byte* buf, size_t size, size_t* got) {
+  *got = 0;
+  while (*got < size) {
+    const ssize_t n = ::pread(fd, buf + *got, size - *got, static_cast<off_t>(*got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Status::FromErrno(errno, "read journal checkpoint");
+    if (n == 0) break;
+    *got += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+Status SegmentBytesOnDisk(int dirfd, const std::string& name, uint64_t* bytes) {
+  struct stat st;
+  if (::fstatat(dirfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    return Status::FromErrno(errno, "stat " + name);
+  }
+  *bytes = static_cast<uint64_t>(st.st_size);
+  return Status::Ok();
+}
 
 bool ParseSegmentName(const char* name, uint64_t* seq) {
   unsigned long long v = 0;
@@ -83,7 +155,11 @@ void CommitChannel::Drain() {
 
 JournalWriter::JournalWriter(Options options, UniqueFd dirfd, JournalUsage* usage,
                              uint64_t next_seq)
-    : options_(std::move(options)), dirfd_(std::move(dirfd)), usage_(usage), next_seq_(next_seq) {}
+    : options_(std::move(options)),
+      dirfd_(std::move(dirfd)),
+      usage_(usage),
+      next_seq_(next_seq),
+      end_{next_seq, segment::kHeaderBytes} {}
 
 Status JournalWriter::Open(const Options& options, JournalUsage* usage,
                            std::unique_ptr<JournalWriter>* out) {
@@ -99,29 +175,49 @@ Status JournalWriter::Open(const Options& options, JournalUsage* usage,
     }
   }
   usage->bytes.store(bytes);
-  const uint64_t next = seqs.empty() ? 1 : seqs.back() + 1;
+  // The first segment of this writer goes after every existing one, and
+  // after the checkpoint's: when every segment was confirmed and deleted,
+  // the stored watermark may point at the start of a segment that was never
+  // created (the previous writer's end()); a reader starting there must not
+  // find older records under that name. A damaged checkpoint only costs
+  // this guard (the forwarder then starts from the oldest segment anyway).
+  uint64_t next = seqs.empty() ? 1 : seqs.back() + 1;
+  JournalPosition checkpoint;
+  if (Checkpoint::Load(dirfd.get(), &checkpoint).ok()) {
+    next = std::max(next, checkpoint.segment_seq + 1);
+  }
   out->reset(new JournalWriter(options, std::move(dirfd), usage, next));
-  return (*out)->StartSegment();
+  return Status::Ok();
 }
 
 Status JournalWriter::StartSegment() {
   const uint64_t seq = next_seq_;
+  const std::string name = JournalSegmentName(seq);
   UniqueFd fd;
   // The journal is the daemon's: 0600. The name never shows a partial
   // header; with `sync` the header and the directory entry also survive a
   // power loss.
-  if (Status s = segment::CreateSegment(dirfd_.get(), JournalSegmentName(seq),
-                                        segment::NewHeader(seq), 0600, options_.sync, &fd);
-      !s.ok()) {
+  Status s = segment::CreateSegment(dirfd_.get(), name, segment::NewHeader(seq), 0600,
+                                    options_.sync, &fd);
+  if (!s.ok()) {
+    // A failure after the name was linked (syncing the directory) leaves a
+    // segment holding only its header: it counts, and its seq is used up,
+    // or every later attempt would fail with EEXIST.
+    uint64_t bytes = 0;
+    if (SegmentBytesOnDisk(dirfd_.get(), name, &bytes).ok()) {
+      usage_->bytes.fetch_add(bytes);
+      next_seq_ = seq + 1;
+    }
     return s;
   }
+  fd_.reset();
+  next_seq_ = seq + 1;
+  usage_->bytes.fetch_add(segment::kHeaderBytes);
   // Appends go through pwrite at offsets the writer tracks, so that io_uring
   // can write them; the descriptor must not be O_APPEND.
   if (::fcntl(fd.get(), F_SETFL, 0) != 0) return Status::FromErrno(errno, "fcntl journal");
   fd_ = std::move(fd);
-  next_seq_ = seq + 1;
   end_ = JournalPosition{seq, segment::kHeaderBytes};
-  usage_->bytes.fetch_add(segment::kHeaderBytes);
   return Status::Ok();
 }
 
@@ -190,24 +286,42 @@ void JournalReader::Seek(JournalPosition pos) {
 Status JournalReader::OpenSegment(uint64_t seq, uint64_t offset, JournalPosition limit) {
   reader_.reset();
   source_.reset();
+  const std::string name = JournalSegmentName(seq);
   if (!fd_.valid() || open_seq_ != seq) {
-    fd_.reset(::openat(dirfd_, JournalSegmentName(seq).c_str(), O_RDONLY | O_CLOEXEC));
-    if (!fd_.valid()) return Status::FromErrno(errno, "open " + JournalSegmentName(seq));
+    fd_.reset(::openat(dirfd_, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+    if (!fd_.valid()) return Status::FromErrno(errno, "open " + name);
     open_seq_ = seq;
   }
   const uint64_t size_max = seq == limit.segment_seq ? limit.offset : UINT64_MAX;
-  if (Status s = segment::FileSource::Open(fd_.get(), &source_, size_max); !s.ok()) return s;
+  // Errors name the file: the caller may have to report it as damaged.
+  const auto named = [&name](const Status& s) {
+    return Status(s.code(), name + ": " + s.message(), s.sys_errno());
+  };
+  Status s;
+  if (source_factory_) {
+    s = source_factory_(fd_.get(), seq, size_max, &source_);
+  } else {
+    std::unique_ptr<segment::FileSource> file;
+    s = segment::FileSource::Open(fd_.get(), &file, size_max);
+    source_ = std::move(file);
+  }
+  if (!s.ok()) return named(s);
   segment::ReaderOptions options;
   options.verify_payload = VerifyPostPayload;
   options.start_offset = std::max<uint64_t>(offset, segment::kHeaderBytes);
   options.on_skip = [this](uint64_t, uint64_t bytes, segment::SkipReason) {
     skipped_bytes_ += bytes;
   };
-  if (Status s = segment::SegmentReader::Open(source_.get(), options, &reader_); !s.ok()) {
-    return s;
+  if (s = segment::SegmentReader::Open(source_.get(), options, &reader_); !s.ok()) {
+    reader_.reset();
+    return named(s);
   }
   opened_limit_ = size_max;
   return Status::Ok();
+}
+
+void JournalReader::SkipSegment() {
+  Seek(JournalPosition{pos_.segment_seq + 1, segment::kHeaderBytes});
 }
 
 Status JournalReader::Next(JournalPosition limit, Entry* entry, bool* got) {
@@ -247,8 +361,16 @@ Status JournalReader::Next(JournalPosition limit, Entry* entry, bool* got) {
         *got = true;
         return Status::Ok();
       case segment::SegmentReader::Result::kYield:  // no step budget is set
-      case segment::SegmentReader::Result::kIoError:
-        return reader_->io_status();
+      case segment::SegmentReader::Result::kIoError: {
+        // Open the file afresh for a retry, at the last record boundary.
+        Status s(reader_->io_status().code(),
+                 JournalSegmentName(pos_.segment_seq) + ": " + reader_->io_status().message(),
+                 reader_->io_status().sys_errno());
+        reader_.reset();
+        source_.reset();
+        fd_.reset();
+        return s;
+      }
       case segment::SegmentReader::Result::kEnd:
         if (pos_.segment_seq == limit.segment_seq) {
           // Everything committed in this segment is read (a torn tail beyond
@@ -267,50 +389,193 @@ Status JournalReader::Next(JournalPosition limit, Entry* entry, bool* got) {
 
 Status Checkpoint::Load(int dirfd, JournalPosition* pos) {
   *pos = JournalPosition{};
-  UniqueFd fd(::openat(dirfd, kCheckpointName, O_RDONLY | O_CLOEXEC));
+  UniqueFd fd(::openat(dirfd, kCheckpointName, O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
   if (!fd.valid()) {
     if (errno == ENOENT) return Status::Ok();
     return Status::FromErrno(errno, "open journal checkpoint");
   }
-  std::byte raw[kCheckpointBytes];
-  const ssize_t n = ::pread(fd.get(), raw, sizeof raw, 0);
-  if (n != static_cast<ssize_t>(sizeof raw) || LoadLe32(raw) != kCheckpointMagic ||
-      LoadLe32(raw + 4) != 1 ||
-      LoadLe64(raw + 24) != segment::MaskChecksum(XXH3_64bits(raw, 24))) {
+  // One byte more than a version 2 file: a longer file is not one.
+  static_assert(kCheckpointFileBytes > kCheckpointV1Bytes);
+  auto raw = std::make_unique<std::byte[]>(kCheckpointFileBytes + 1);
+  size_t n = 0;
+  if (Status s = ReadWhole(fd.get(), raw.get(), kCheckpointFileBytes + 1, &n); !s.ok()) return s;
+  if (n == kCheckpointFileBytes) {
+    const CheckpointSlot slot = NewestCheckpointSlot(raw.get());
+    if (!slot.valid) {
+      return Status(StatusCode::kCorruption, "journal checkpoint is damaged (no valid slot)");
+    }
+    *pos = slot.pos;
+    return Status::Ok();
+  }
+  if (n != kCheckpointV1Bytes || LoadLe32(raw.get()) != kCheckpointMagic ||
+      LoadLe32(raw.get() + 4) != 1 ||
+      LoadLe64(raw.get() + 24) != segment::MaskChecksum(XXH3_64bits(raw.get(), 24))) {
     return Status(StatusCode::kCorruption, "journal checkpoint is damaged");
   }
-  pos->segment_seq = LoadLe64(raw + 8);
-  pos->offset = LoadLe64(raw + 16);
+  pos->segment_seq = LoadLe64(raw.get() + 8);
+  pos->offset = LoadLe64(raw.get() + 16);
   return Status::Ok();
 }
 
-Status Checkpoint::Store(int dirfd, JournalPosition pos) {
-  std::byte raw[kCheckpointBytes];
-  StoreLe32(raw, kCheckpointMagic);
-  StoreLe32(raw + 4, 1);
-  StoreLe64(raw + 8, pos.segment_seq);
-  StoreLe64(raw + 16, pos.offset);
-  StoreLe64(raw + 24, segment::MaskChecksum(XXH3_64bits(raw, 24)));
-  UniqueFd fd(::openat(dirfd, kCheckpointTmpName, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
-  if (!fd.valid()) return Status::FromErrno(errno, "create journal checkpoint");
-  if (::pwrite(fd.get(), raw, sizeof raw, 0) != static_cast<ssize_t>(sizeof raw)) {
-    return Status::FromErrno(errno, "write journal checkpoint");
+Status Checkpoint::Open(int dirfd, JournalPosition pos, std::unique_ptr<Checkpoint>* out) {
+  {
+    UniqueFd fd(::openat(dirfd, kCheckpointName, O_RDWR | O_NOFOLLOW | O_CLOEXEC));
+    if (!fd.valid() && errno != ENOENT) return Status::FromErrno(errno, "open journal checkpoint");
+    struct stat st;
+    if (fd.valid() && ::fstat(fd.get(), &st) != 0) {
+      return Status::FromErrno(errno, "stat journal checkpoint");
+    }
+    if (fd.valid() && S_ISREG(st.st_mode) &&
+        static_cast<uint64_t>(st.st_size) == kCheckpointFileBytes) {
+      // Ours already: go on from its newest slot (a damaged file is reused
+      // as it is; its slots are rewritten by the next stores).
+      auto raw = std::make_unique<std::byte[]>(kCheckpointFileBytes);
+      size_t n = 0;
+      if (Status s = ReadWhole(fd.get(), raw.get(), kCheckpointFileBytes, &n); !s.ok()) return s;
+      const CheckpointSlot slot = n == kCheckpointFileBytes ? NewestCheckpointSlot(raw.get())
+                                                            : CheckpointSlot{};
+      out->reset(new Checkpoint(std::move(fd), slot.valid ? slot.generation : 0));
+      return Status::Ok();
+    }
   }
-  if (::fsync(fd.get()) != 0) return Status::FromErrno(errno, "sync journal checkpoint");
-  if (::renameat(dirfd, kCheckpointTmpName, dirfd, kCheckpointName) != 0) {
-    return Status::FromErrno(errno, "rename journal checkpoint");
+  // Missing, or version 1: write the whole file under another name and
+  // rename it into place, so that the name never shows a partial file. A
+  // leftover of a crash here is ours to replace.
+  auto raw = std::make_unique<std::byte[]>(kCheckpointFileBytes);
+  std::memset(raw.get(), 0, kCheckpointFileBytes);
+  std::byte slot[kCheckpointSlotBytes];
+  EncodeCheckpointSlot(1, pos, slot);
+  std::memcpy(raw.get() + kCheckpointSlotStride, slot, sizeof slot);  // generation 1: slot 1
+  UniqueFd fd(::openat(dirfd, kCheckpointNewName,
+                       O_RDWR | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!fd.valid()) return Status::FromErrno(errno, "create journal checkpoint");
+  const auto fail = [dirfd](Status s) {
+    ::unlinkat(dirfd, kCheckpointNewName, 0);
+    return s;
+  };
+  size_t done = 0;
+  while (done < kCheckpointFileBytes) {
+    const ssize_t n = ::pwrite(fd.get(), raw.get() + done, kCheckpointFileBytes - done,
+                               static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return fail(Status::FromErrno(n < 0 ? errno : ENOSPC, "write journal checkpoint"));
+    done += static_cast<size_t>(n);
+  }
+  // Both blocks are allocated now: later stores allocate nothing.
+  if (::fdatasync(fd.get()) != 0) {
+    return fail(Status::FromErrno(errno, "sync journal checkpoint"));
+  }
+  if (::renameat(dirfd, kCheckpointNewName, dirfd, kCheckpointName) != 0) {
+    return fail(Status::FromErrno(errno, "rename journal checkpoint"));
   }
   if (::fsync(dirfd) != 0) return Status::FromErrno(errno, "sync journal directory");
+  out->reset(new Checkpoint(std::move(fd), 1));
   return Status::Ok();
+}
+
+Status Checkpoint::Store(JournalPosition pos) {
+  const uint64_t generation = generation_ + 1;
+  std::byte raw[kCheckpointSlotBytes];
+  EncodeCheckpointSlot(generation, pos, raw);
+  const off_t at = static_cast<off_t>((generation & 1) * kCheckpointSlotStride);
+  const ssize_t n = ::pwrite(fd_.get(), raw, sizeof raw, at);
+  if (n != static_cast<ssize_t>(sizeof raw)) {
+    return Status::FromErrno(n < 0 ? errno : EIO, "write journal checkpoint");
+  }
+  generation_ = generation;
+  return Status::Ok();
+}
+
+Status Checkpoint::Sync() {
+  if (::fdatasync(fd_.get()) != 0) return Status::FromErrno(errno, "sync journal checkpoint");
+  return Status::Ok();
+}
+
+Status LockJournalDir(const std::string& journal_dir, UniqueFd* lock) {
+  const std::string path = journal_dir + "/" + kLockName;
+  // O_NONBLOCK: a FIFO planted under the name must not hang the open.
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600));
+  if (!fd.valid()) return Status::FromErrno(errno, "open lock file " + path);
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, "stat lock file " + path);
+  if (!S_ISREG(st.st_mode)) {
+    return Status(StatusCode::kInvalidArgument, "lock file " + path + " is not a regular file");
+  }
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK) return Status::FromErrno(errno, "lock " + path);
+    char buf[32] = {};
+    const ssize_t n = ::pread(fd.get(), buf, sizeof buf - 1, 0);
+    const long pid = n > 0 ? std::strtol(buf, nullptr, 10) : 0;
+    return Status(StatusCode::kAlreadyExists,
+                  "another postspoold" + (pid > 0 ? " (pid " + std::to_string(pid) + ")" : "") +
+                      " holds the journal directory " + journal_dir + " (lock file " + path + ")",
+                  EWOULDBLOCK);
+  }
+  // The pid is for the message above and for people; the lock is the flock.
+  // Writing it may fail on a full disk: the lock holds anyway.
+  char pid[32];
+  const int len = std::snprintf(pid, sizeof pid, "%d\n", static_cast<int>(::getpid()));
+  if (::ftruncate(fd.get(), 0) == 0) {
+    [[maybe_unused]] const ssize_t n = ::pwrite(fd.get(), pid, static_cast<size_t>(len), 0);
+  }
+  *lock = std::move(fd);
+  return Status::Ok();
+}
+
+Status SetAsideDamagedSegment(int dirfd, uint64_t seq, JournalUsage* usage,
+                              std::string* moved_to) {
+  const std::string name = JournalSegmentName(seq);
+  uint64_t bytes = 0;
+  if (Status s = SegmentBytesOnDisk(dirfd, name, &bytes); !s.ok()) return s;
+  bool created = ::mkdirat(dirfd, kDamagedDirName, 0700) == 0;
+  if (!created && errno != EEXIST) {
+    return Status::FromErrno(errno, std::string("create ") + kDamagedDirName + "/");
+  }
+  UniqueFd damaged(
+      ::openat(dirfd, kDamagedDirName, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!damaged.valid()) {
+    return Status::FromErrno(errno, std::string("open ") + kDamagedDirName + "/");
+  }
+  // Whatever the umask: only the daemon may read what it kept aside.
+  if (created && ::fchmod(damaged.get(), 0700) != 0) {
+    return Status::FromErrno(errno, std::string("chmod ") + kDamagedDirName + "/");
+  }
+  constexpr int kSuffixesMax = 1000;
+  for (int i = 0; i < kSuffixesMax; ++i) {
+    const std::string target = i == 0 ? name : name + "." + std::to_string(i);
+    int rc = ::renameat2(dirfd, name.c_str(), damaged.get(), target.c_str(), RENAME_NOREPLACE);
+    if (rc != 0 && errno == EINVAL) {
+      // A filesystem without RENAME_NOREPLACE: link() never replaces either.
+      rc = ::linkat(dirfd, name.c_str(), damaged.get(), target.c_str(), 0);
+      if (rc == 0 && ::unlinkat(dirfd, name.c_str(), 0) != 0) {
+        const int err = errno;
+        ::unlinkat(damaged.get(), target.c_str(), 0);
+        return Status::FromErrno(err, "unlink " + name);
+      }
+    }
+    if (rc != 0) {
+      if (errno == EEXIST) continue;
+      return Status::FromErrno(errno, "move " + name + " to " + kDamagedDirName + "/");
+    }
+    usage->bytes.fetch_sub(std::min(bytes, usage->bytes.load()));
+    *moved_to = std::string(kDamagedDirName) + "/" + target;
+    if (::fsync(damaged.get()) != 0) return Status::FromErrno(errno, "sync damaged/");
+    if (::fsync(dirfd) != 0) return Status::FromErrno(errno, "sync journal directory");
+    return Status::Ok();
+  }
+  return Status(StatusCode::kAlreadyExists, std::string(kDamagedDirName) + "/ holds " +
+                                                std::to_string(kSuffixesMax) + " files named " +
+                                                name + "*");
 }
 
 Status DeleteConfirmedSegments(int dirfd, JournalPosition watermark, JournalUsage* usage,
-                               int* deleted) {
+                               int* deleted, std::span<const uint64_t> keep) {
   *deleted = 0;
   std::vector<uint64_t> seqs;
   if (Status s = ListJournalSegments(dirfd, &seqs); !s.ok()) return s;
   for (uint64_t seq : seqs) {
     if (seq >= watermark.segment_seq) break;
+    if (std::find(keep.begin(), keep.end(), seq) != keep.end()) continue;
     const std::string name = JournalSegmentName(seq);
     struct stat st;
     const uint64_t size = ::fstatat(dirfd, name.c_str(), &st, 0) == 0

@@ -1,9 +1,14 @@
 // The daemon's journal: every accepted post is appended here before it is
 // acknowledged, and stays until the broker confirmed it.
 //
-// Layout of the journal directory:
+// Layout of the journal directory (FORMAT.md, "The journal directory"):
 //   journal-<seq, 16 hex digits>.seg   segments (FORMAT.md), segment_id == seq
 //   checkpoint                         the acked watermark (see Checkpoint)
+//   lock                               held by the daemon using the directory
+//                                      (LockJournalDir)
+//   damaged/                           segments that could not be read, kept
+//                                      aside for a person to look at
+//                                      (SetAsideDamagedSegment); never deleted
 //
 // Threads: one JournalWriter, used by the ingest loop; one JournalReader and
 // the Checkpoint, used by the forwarder; CommitChannel and JournalUsage are
@@ -37,8 +42,18 @@ std::string JournalSegmentName(uint64_t seq);
 // Sorted sequence numbers of the segments in the journal directory.
 Status ListJournalSegments(int dirfd, std::vector<uint64_t>* seqs);
 
-// Bytes the journal holds on disk; the writer adds, the forwarder subtracts
-// when it deletes confirmed segments.
+// Makes sure that only one daemon uses `journal_dir`: takes a non-blocking
+// exclusive flock on `journal_dir/lock` (created 0600, opened O_NOFOLLOW)
+// and writes this process's pid into it. The lock lasts as long as *lock
+// stays open, and the kernel drops it when the process dies in any way, so a
+// restart after a crash never waits. kAlreadyExists, naming the directory
+// and the holder's pid, when another process (or another open of the file in
+// this one: flock locks belong to the open file description) holds it.
+Status LockJournalDir(const std::string& journal_dir, UniqueFd* lock);
+
+// Bytes of the segments in the journal directory (damaged/ is not counted);
+// the writer adds, the forwarder subtracts when it deletes confirmed segments
+// or sets a damaged one aside.
 struct JournalUsage {
   std::atomic<uint64_t> bytes{0};
 };
@@ -61,9 +76,15 @@ class CommitChannel {
   UniqueFd event_fd_;
 };
 
-// Appends records to the newest journal segment; starts a new segment at
-// open (an older segment's tail may be torn) and when a segment would exceed
-// segment_bytes_max. Not thread-safe: the ingest loop's own.
+// Appends records to the newest journal segment; starts a new segment for
+// its first write (an older segment's tail may be torn) and when a segment
+// would exceed segment_bytes_max. Not thread-safe: the ingest loop's own.
+//
+// Segments are created lazily, by the first Reserve() after Open() (or after
+// Abandon() or a roll-over), so that Open() needs no free space: a daemon
+// starts on a full disk, forwards and frees space. A segment that cannot be
+// created fails that Reserve() (kNoSpace for ENOSPC/EDQUOT); the next
+// Reserve() tries again.
 //
 // Writing is split so that the loop can submit the write through io_uring:
 // Reserve() says where the next batch goes (rolling over to a new segment
@@ -86,8 +107,9 @@ class JournalWriter {
     int fd = -1;               // valid until the next Reserve()
     JournalPosition position;  // where the first byte goes
   };
-  // Reserves `bytes` at the end of the current segment. Only one reservation
-  // may be outstanding: call Committed() or Abandon() before the next.
+  // Reserves `bytes` at the end of the current segment, creating the segment
+  // first if there is none yet or it is full. Only one reservation may be
+  // outstanding: call Committed() or Abandon() before the next.
   Status Reserve(uint64_t bytes, Slot* slot);
   // The reserved bytes are written; returns the new end.
   JournalPosition Committed();
@@ -99,6 +121,12 @@ class JournalWriter {
   // pwrite, optional fdatasync, Committed.
   Status Append(std::span<const std::byte> records, bool sync, JournalPosition* first);
 
+  // The committed end. Before the first segment of this writer exists it is
+  // {seq of that segment, kHeaderBytes}: after every segment already in the
+  // directory, so publishing it on the CommitChannel at start covers a
+  // backlog left by an earlier run. That segment's seq is above every
+  // existing segment and above the stored checkpoint's segment. Never
+  // decreases.
   JournalPosition end() const { return end_; }
   int dirfd() const { return dirfd_.get(); }
 
@@ -123,6 +151,13 @@ class JournalReader {
   // `dirfd` is borrowed and must stay open while the reader is used.
   explicit JournalReader(int dirfd);
 
+  // How a segment file is read: by default a segment::FileSource over `fd`,
+  // capped at `size_max`. A seam for tests, which inject read errors (EIO)
+  // that a real disk cannot be made to produce on demand.
+  using SourceFactory = std::function<Status(int fd, uint64_t seq, uint64_t size_max,
+                                             std::unique_ptr<segment::Source>* out)>;
+  void set_source_factory(SourceFactory factory) { source_factory_ = std::move(factory); }
+
   struct Entry {
     JournalPosition position;
     JournalPosition next;  // where the next record starts
@@ -131,9 +166,18 @@ class JournalReader {
   // Moves to `pos` (a record boundary: a watermark or an Entry::next).
   void Seek(JournalPosition pos);
   // The next record before `limit`: true and *entry, or false when there is
-  // none yet. Damage is skipped and counted (skipped_bytes()). An I/O error
-  // is returned as a status; the reader stays where it was.
+  // none yet. Damage inside a segment is skipped and counted
+  // (skipped_bytes()). A segment that cannot be read at all is a status,
+  // and the reader stays where it was (position() is in that segment):
+  // kCorruption or kUnsupported when its header is damaged, truncated or of
+  // a newer version (a zero-length file after a power loss), which no retry
+  // changes; another code (kIoError: EIO, ...) when reading failed, which a
+  // retry may get past. The message names the segment file. Whether to
+  // retry or SkipSegment() is the caller's decision.
   Status Next(JournalPosition limit, Entry* entry, bool* got);
+  // Gives up on the rest of the segment at position(): moves to the start of
+  // the next one. For a segment that cannot be read.
+  void SkipSegment();
   JournalPosition position() const { return pos_; }
   uint64_t skipped_bytes() const { return skipped_bytes_; }
 
@@ -141,9 +185,10 @@ class JournalReader {
   Status OpenSegment(uint64_t seq, uint64_t offset, JournalPosition limit);
 
   int dirfd_;
+  SourceFactory source_factory_;
   JournalPosition pos_;
   UniqueFd fd_;
-  std::unique_ptr<segment::FileSource> source_;
+  std::unique_ptr<segment::Source> source_;
   std::unique_ptr<segment::SegmentReader> reader_;
   uint64_t open_seq_ = 0;
   uint64_t opened_limit_ = 0;  // the limit offset the reader was opened with
@@ -151,18 +196,66 @@ class JournalReader {
 };
 
 // The acked watermark: every record before it is confirmed by the broker.
-// Stored as a small checksummed file, replaced atomically (temp file, fsync,
-// rename, fsync of the directory).
+//
+// Stored in one preallocated file, `checkpoint` (FORMAT.md, "Checkpoint"),
+// created once and then only rewritten in place: two fixed slots, each a
+// checksummed (generation, watermark) record, 4 KiB apart. A store
+// overwrites the older slot and the newest valid slot wins when loading, so
+// a torn write loses at most the value being written, never the one before.
+// A store allocates nothing (no new block, file or directory entry, no
+// rename), so it works on a full disk: the forwarder can always record what
+// the broker confirmed and free the segments before it.
+//
+// Not thread-safe: the forwarder's own.
 class Checkpoint {
  public:
-  // *pos is {0, 0} (the beginning) when there is no checkpoint yet.
+  // The newest valid watermark; {0, 0} (the beginning) when there is no
+  // checkpoint file. Also reads the version 1 file of earlier releases (32
+  // bytes, replaced by rename), so an upgrade keeps its watermark.
+  // kCorruption when the file holds no valid slot.
   static Status Load(int dirfd, JournalPosition* pos);
-  static Status Store(int dirfd, JournalPosition pos);
+
+  // Opens the checkpoint file for storing, first creating it holding `pos`
+  // if it is missing or not a version 2 file (version 1, or a file of the
+  // wrong size; an existing version 2 file is used as it is, its newest
+  // slot kept, `pos` ignored). It is written complete under a
+  // temporary name, synced and renamed into place: the only rename in its
+  // life. On a full disk that fails with kNoSpace and changes nothing; try
+  // again later. `dirfd` is borrowed for this call only.
+  static Status Open(int dirfd, JournalPosition pos, std::unique_ptr<Checkpoint>* out);
+
+  // Writes `pos` into the older slot (one pwrite). Once it returns, the
+  // value survives a crash of the process (it is in the page cache); it
+  // survives a power loss once Sync() returned. On a failed write the slot
+  // may be torn; the other slot still holds the previous value, and the next
+  // Store writes the same slot again.
+  Status Store(JournalPosition pos);
+  // fdatasync: makes the stored values durable.
+  Status Sync();
+
+ private:
+  Checkpoint(UniqueFd fd, uint64_t generation) : fd_(std::move(fd)), generation_(generation) {}
+  UniqueFd fd_;
+  uint64_t generation_;  // of the newest slot written
 };
 
+// Moves the damaged segment `seq` into the damaged/ subdirectory of the
+// journal directory (created 0700 if missing), under its own name or, if a
+// file of that name is there already, with a suffix (.1, .2, ...): it never
+// replaces an earlier file. Subtracts its size from `usage` and syncs both
+// directories (a move lost in a power loss would leave it where confirmed
+// segments get deleted). *moved_to is the new name relative to the journal
+// directory. kNotFound if the segment is not there.
+Status SetAsideDamagedSegment(int dirfd, uint64_t seq, JournalUsage* usage,
+                              std::string* moved_to);
+
 // Deletes the segments wholly before `watermark` (seq < watermark.segment_seq)
-// and subtracts their sizes from `usage`. Returns how many were deleted.
+// except those listed in `keep` (damaged segments that could not be moved
+// aside: never deleted), and subtracts their sizes from `usage`. Returns how
+// many were deleted. Deleting needs no stored checkpoint: everything in a
+// deleted segment is confirmed, and a reader that starts before it moves on
+// to the next segment that exists.
 Status DeleteConfirmedSegments(int dirfd, JournalPosition watermark, JournalUsage* usage,
-                               int* deleted);
+                               int* deleted, std::span<const uint64_t> keep = {});
 
 }  // namespace postspool::daemon

@@ -42,6 +42,7 @@ std::string Metrics::RenderPrometheus() const {
   PS_COUNTER(journal_writes_total);
   PS_COUNTER(journal_write_errors_total);
   PS_COUNTER(journal_bytes_skipped_total);
+  PS_COUNTER(journal_segments_damaged_total);
   PS_GAUGE(journal_bytes);
   PS_COUNTER(published_total);
   PS_COUNTER(confirmed_total);

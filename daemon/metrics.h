@@ -43,6 +43,7 @@ struct Metrics {
   Counter journal_writes_total{0};
   Counter journal_write_errors_total{0};
   Counter journal_bytes_skipped_total{0};
+  Counter journal_segments_damaged_total{0};  // unreadable segments skipped, kept in damaged/
   std::atomic<uint64_t> journal_bytes{0};  // gauge
   // Forwarder.
   Counter published_total{0};

@@ -3,11 +3,15 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <span>
 #include <string>
@@ -37,15 +41,10 @@ class TempDir {
     path_ = ::mkdtemp(tmpl.data()) ? tmpl : std::string();
     fd_.reset(::open(path_.c_str(), O_DIRECTORY | O_RDONLY | O_CLOEXEC));
   }
+  // Removes subdirectories too (the journal's damaged/).
   ~TempDir() {
-    if (DIR* d = ::opendir(path_.c_str())) {
-      while (dirent* e = ::readdir(d)) {
-        const std::string name = e->d_name;
-        if (name != "." && name != "..") ::unlink((path_ + "/" + name).c_str());
-      }
-      ::closedir(d);
-    }
-    ::rmdir(path_.c_str());
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
   }
   const std::string& path() const { return path_; }
   int fd() const { return fd_.get(); }
@@ -116,6 +115,77 @@ struct ReadResult {
   uint64_t torn_tail_bytes = 0;
   Status open_status;
   bool io_error = false;
+};
+
+// A FileSource whose reads fail with EIO while *failures_left is not zero
+// (each failure counts it down; a negative count fails for ever): a disk
+// with a bad sector, or one that recovers after a few errors.
+class FailingSource final : public segment::Source {
+ public:
+  FailingSource(std::unique_ptr<segment::FileSource> file, std::atomic<int>* failures_left)
+      : file_(std::move(file)), failures_left_(failures_left) {}
+  uint64_t size() const override { return file_->size(); }
+  Status ReadAt(uint64_t offset, std::span<std::byte> out, size_t* got) override {
+    int left = failures_left_->load();
+    while (left != 0 && !failures_left_->compare_exchange_weak(left, left > 0 ? left - 1 : left)) {
+    }
+    if (left != 0) {
+      *got = 0;
+      return Status::FromErrno(EIO, "read segment");
+    }
+    return file_->ReadAt(offset, out, got);
+  }
+
+ private:
+  std::unique_ptr<segment::FileSource> file_;
+  std::atomic<int>* failures_left_;
+};
+
+// A small tmpfs of its own, to fill up (disk-full tests). Root may mount
+// one; elsewhere mounted() is false and the test skips with why_not().
+class SmallFilesystem {
+ public:
+  explicit SmallFilesystem(size_t bytes) {
+    const char* base = std::getenv("TMPDIR");
+    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/postspool-fs-XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr) {
+      why_not_ = std::string("mkdtemp: ") + std::strerror(errno);
+      return;
+    }
+    path_ = tmpl;
+    const std::string options = "size=" + std::to_string(bytes) + ",mode=0700";
+    if (::mount("tmpfs", path_.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, options.c_str()) != 0) {
+      why_not_ = std::string("cannot mount a tmpfs (needs root or CAP_SYS_ADMIN): ") +
+                 std::strerror(errno);
+      return;
+    }
+    mounted_ = true;
+  }
+  ~SmallFilesystem() {
+    if (mounted_) ::umount2(path_.c_str(), MNT_DETACH);
+    if (!path_.empty()) ::rmdir(path_.c_str());
+  }
+  bool mounted() const { return mounted_; }
+  const std::string& why_not() const { return why_not_; }
+  const std::string& path() const { return path_; }
+  uint64_t free_bytes() const {
+    struct statvfs v;
+    return ::statvfs(path_.c_str(), &v) == 0 ? uint64_t{v.f_bavail} * v.f_frsize : 0;
+  }
+  // Writes a filler file until the filesystem is full.
+  void Fill() {
+    UniqueFd fd(::open((path_ + "/filler").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600));
+    std::vector<char> block(4096, 'f');
+    while (::write(fd.get(), block.data(), block.size()) > 0) {
+    }
+    while (::write(fd.get(), block.data(), 1) > 0) {
+    }
+  }
+
+ private:
+  std::string path_;
+  std::string why_not_;
+  bool mounted_ = false;
 };
 
 inline ReadResult ReadAll(segment::Source* source, segment::ReaderOptions options = {}) {

@@ -3,7 +3,19 @@
 // nacks, unroutable posts, failover and forwarder restarts.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <random>
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -51,9 +63,11 @@ std::string IdText(PostId id) { return std::string(View(FormatMessageId(id))); }
 // JournalWriter appending posts and publishing the committed end.
 class TestJournal {
  public:
-  explicit TestJournal(uint64_t segment_bytes_max = 16 * 1024) {
+  // In a temporary directory, or in `dir` when given.
+  explicit TestJournal(uint64_t segment_bytes_max = 16 * 1024, const std::string& dir = "")
+      : path_(dir.empty() ? dir_.path() : dir) {
     JournalWriter::Options options;
-    options.dir = dir_.path();
+    options.dir = path_;
     options.segment_bytes_max = segment_bytes_max;
     const Status s = JournalWriter::Open(options, &usage_, &writer_);
     EXPECT_TRUE(s.ok()) << s.ToString();
@@ -69,9 +83,11 @@ class TestJournal {
       const std::span<const std::byte> payload(
           reinterpret_cast<const std::byte*>(builder.GetBufferPointer()), builder.GetSize());
       ASSERT_TRUE(segment::AppendRecord(payload, &record).ok());
-      const Status s = writer_->Append(record, false, nullptr);
+      JournalPosition at;
+      const Status s = writer_->Append(record, false, &at);
       ASSERT_TRUE(s.ok()) << s.ToString();
       all_.push_back(post);
+      positions_.push_back(at);
     }
     commits_.Publish(writer_->end());
   }
@@ -86,6 +102,15 @@ class TestJournal {
 
   JournalPosition end() const { return writer_->end(); }
   int dirfd() const { return writer_->dirfd(); }
+  const std::string& path() const { return path_; }
+  // The posts journaled in segment `seq`, or in any other.
+  std::vector<PostData> PostsIn(uint64_t seq, bool in = true) const {
+    std::vector<PostData> out;
+    for (size_t i = 0; i < all_.size(); ++i) {
+      if ((positions_[i].segment_seq == seq) == in) out.push_back(all_[i]);
+    }
+    return out;
+  }
   CommitChannel* commits() { return &commits_; }
   JournalUsage* usage() { return &usage_; }
   const std::vector<PostData>& all() const { return all_; }
@@ -99,9 +124,32 @@ class TestJournal {
     EXPECT_TRUE(Checkpoint::Load(writer_->dirfd(), &p).ok());
     return p;
   }
+  // Files in damaged/.
+  std::vector<std::string> Damaged() const {
+    std::vector<std::string> names;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(path_ + "/damaged", ec)) {
+      names.push_back(e.path().filename());
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+  // Bytes of the segments in the directory (what JournalUsage counts).
+  uint64_t SegmentBytes() const {
+    uint64_t bytes = 0;
+    for (uint64_t seq : Segments()) {
+      struct stat st;
+      if (::fstatat(writer_->dirfd(), JournalSegmentName(seq).c_str(), &st, 0) == 0) {
+        bytes += static_cast<uint64_t>(st.st_size);
+      }
+    }
+    return bytes;
+  }
 
  private:
   TempDir dir_;
+  std::string path_;
+  std::vector<JournalPosition> positions_;
   JournalUsage usage_;
   CommitChannel commits_;
   std::unique_ptr<JournalWriter> writer_;
@@ -654,6 +702,284 @@ TEST_F(ForwarderBrokerTest, RefusesATlsBrokerWhoseCertificateItCannotVerify) {
   EXPECT_EQ(metrics_.broker_connects_total.load(), 0u);
   EXPECT_EQ(metrics_.published_total.load(), 0u);
   EXPECT_FALSE(f.StopAndDrain(milliseconds(200)));
+}
+
+// The forwarder's journal readers read segment `seq` through a FailingSource.
+JournalReader::SourceFactory FailReadsOf(uint64_t seq, std::atomic<int>* failures) {
+  return [seq, failures](int fd, uint64_t segment_seq, uint64_t size_max,
+                         std::unique_ptr<segment::Source>* out) {
+    std::unique_ptr<segment::FileSource> file;
+    if (Status s = segment::FileSource::Open(fd, &file, size_max); !s.ok()) return s;
+    if (segment_seq == seq) {
+      *out = std::make_unique<testing::FailingSource>(std::move(file), failures);
+    } else {
+      *out = std::move(file);
+    }
+    return Status::Ok();
+  };
+}
+
+void FlipHeaderByte(const TestJournal& journal, uint64_t seq) {
+  UniqueFd fd(::openat(journal.dirfd(), JournalSegmentName(seq).c_str(), O_RDWR));
+  ASSERT_TRUE(fd.valid());
+  char c = 0;
+  ASSERT_EQ(::pread(fd.get(), &c, 1, 1), 1);
+  c = static_cast<char>(c ^ 0x20);
+  ASSERT_EQ(::pwrite(fd.get(), &c, 1, 1), 1);
+}
+
+bool Contains(const std::vector<uint64_t>& v, uint64_t x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+TEST_F(ForwarderBrokerTest, DamagedAndEmptySegmentsAreSetAsideAndEveryLaterPostIsPublished) {
+  DeclareQueue();
+  TestJournal journal(8 * 1024);
+  journal.Append(20, 0, 300);
+  const std::vector<uint64_t> segments = journal.Segments();
+  ASSERT_GE(segments.size(), 6u);
+  // A flipped byte in one segment's header; another is empty (a power loss
+  // at durability `accepted` after the name, before the data, reached disk).
+  FlipHeaderByte(journal, segments[1]);
+  ASSERT_EQ(::truncate((journal.path() + "/" + JournalSegmentName(segments[3])).c_str(), 0), 0);
+  // The daemon restarts on that journal: its usage count comes from disk.
+  JournalUsage usage;
+  {
+    std::unique_ptr<JournalWriter> writer;
+    ASSERT_TRUE(JournalWriter::Open({journal.path(), 8 * 1024}, &usage, &writer).ok());
+  }
+  Config config = TestConfig();
+  config.journal_dir = journal.path();
+  Forwarder f(config, journal.dirfd(), journal.commits(), &usage, &metrics_);
+  ASSERT_TRUE(f.Start().ok());
+  ASSERT_TRUE(WaitForWatermark(f, journal.end())) << "forwarding stopped at the damage";
+
+  const std::vector<PostData> in_empty = journal.PostsIn(segments[3]);
+  std::vector<PostData> readable;
+  for (const PostData& p : journal.PostsIn(segments[1], false)) {
+    if (std::none_of(in_empty.begin(), in_empty.end(),
+                     [&p](const PostData& q) { return q.id == p.id; })) {
+      readable.push_back(p);
+    }
+  }
+  Received received;
+  ASSERT_TRUE(ConsumeAll(readable, &received)) << received.Missing(readable);
+  EXPECT_EQ(received.duplicates(), 0u);
+  EXPECT_EQ(metrics_.journal_segments_damaged_total.load(), 2u);
+  // Kept aside, never deleted; the confirmed segments after them are freed.
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return journal.Damaged() == std::vector<std::string>{JournalSegmentName(segments[1]),
+                                                             JournalSegmentName(segments[3])};
+      },
+      seconds(5)));
+  EXPECT_TRUE(WaitFor([&] { return journal.Segments().size() == 1; }, seconds(5)));
+  EXPECT_EQ(usage.bytes.load(), journal.SegmentBytes());
+  struct stat st;
+  ASSERT_EQ(::stat((journal.path() + "/damaged").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+  EXPECT_TRUE(f.StopAndDrain(seconds(5)));
+}
+
+TEST_F(ForwarderBrokerTest, SegmentThatKeepsFailingToReadIsDeclaredDamagedAfterRetries) {
+  DeclareQueue();
+  TestJournal journal(8 * 1024);
+  journal.Append(21, 0, 200);
+  const std::vector<uint64_t> segments = journal.Segments();
+  ASSERT_GE(segments.size(), 4u);
+  const uint64_t bad = segments[2];
+  std::atomic<int> failures{-1};  // EIO for ever: a bad sector
+  Config config = TestConfig();
+  config.journal_dir = journal.path();
+  Forwarder f(config, journal.dirfd(), journal.commits(), journal.usage(), &metrics_);
+  f.set_journal_source_factory(FailReadsOf(bad, &failures));
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(f.Start().ok());
+  ASSERT_TRUE(WaitForWatermark(f, journal.end())) << "forwarding stopped at the read errors";
+  EXPECT_GE(std::chrono::steady_clock::now() - start, milliseconds(1400))
+      << "retried with backoff (0.1 + 0.2 + 0.4 + 0.8 s) before giving up";
+  const std::vector<PostData> readable = journal.PostsIn(bad, false);
+  Received received;
+  ASSERT_TRUE(ConsumeAll(readable, &received)) << received.Missing(readable);
+  EXPECT_EQ(metrics_.journal_segments_damaged_total.load(), 1u);
+  EXPECT_TRUE(WaitFor(
+      [&] { return journal.Damaged() == std::vector<std::string>{JournalSegmentName(bad)}; },
+      seconds(5)));
+  EXPECT_EQ(journal.usage()->bytes.load(), journal.SegmentBytes());
+  EXPECT_TRUE(f.StopAndDrain(seconds(5)));
+}
+
+TEST_F(ForwarderBrokerTest, ReadErrorsThatPassAreRetriedAndLoseNothing) {
+  DeclareQueue();
+  TestJournal journal(8 * 1024);
+  journal.Append(22, 0, 200);
+  const std::vector<uint64_t> segments = journal.Segments();
+  ASSERT_GE(segments.size(), 4u);
+  std::atomic<int> failures{3};
+  Config config = TestConfig();
+  config.journal_dir = journal.path();
+  Forwarder f(config, journal.dirfd(), journal.commits(), journal.usage(), &metrics_);
+  f.set_journal_source_factory(FailReadsOf(segments[2], &failures));
+  ASSERT_TRUE(f.Start().ok());
+  ASSERT_TRUE(WaitForWatermark(f, journal.end()));
+  Received received;
+  ASSERT_TRUE(ConsumeAll(journal.all(), &received)) << received.Missing(journal.all());
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(metrics_.journal_segments_damaged_total.load(), 0u);
+  EXPECT_TRUE(journal.Damaged().empty());
+  EXPECT_TRUE(f.StopAndDrain(seconds(5)));
+}
+
+TEST_F(ForwarderBrokerTest, DamagedSegmentBeingWrittenIsSkippedOnceTheWriterMovesOn) {
+  DeclareQueue();
+  TestJournal journal(64 * 1024);
+  const std::vector<PostData> before = journal.Append(23, 0, 10);
+  const uint64_t first = journal.end().segment_seq;
+  journal.Append(23, 10, 10);  // a new segment: the writer's current one
+  uint64_t current = journal.end().segment_seq;
+  while (current == first) {
+    journal.Append(23, journal.all().size(), 20);
+    current = journal.end().segment_seq;
+  }
+  FlipHeaderByte(journal, current);
+  Config config = TestConfig();
+  config.journal_dir = journal.path();
+  Forwarder f(config, journal.dirfd(), journal.commits(), journal.usage(), &metrics_);
+  ASSERT_TRUE(f.Start().ok());
+  Received received;
+  const std::vector<PostData> in_first = journal.PostsIn(first);
+  ASSERT_TRUE(ConsumeAll(in_first, &received)) << received.Missing(in_first);
+  ASSERT_TRUE(WaitFor([&] { return metrics_.journal_segments_damaged_total.load() == 1; },
+                      seconds(10)));
+  // While the ingest loop still writes it, it stays where it is, and the
+  // watermark stays within the committed end.
+  journal.Append(23, journal.all().size(), 5);
+  std::this_thread::sleep_for(milliseconds(300));
+  EXPECT_TRUE(Contains(journal.Segments(), current));
+  EXPECT_TRUE(journal.Damaged().empty());
+  EXPECT_LE(f.watermark(), journal.end());
+  // The writer moves on to a new segment: the damaged one is skipped and
+  // every post after it is published.
+  while (journal.end().segment_seq == current) journal.Append(23, journal.all().size(), 50);
+  const std::vector<PostData> more = journal.Append(23, journal.all().size(), 20);
+  ASSERT_TRUE(WaitForWatermark(f, journal.end()));
+  std::vector<PostData> after;
+  for (const PostData& p : journal.all()) {
+    bool in_current = false;
+    for (const PostData& q : journal.PostsIn(current)) in_current = in_current || q.id == p.id;
+    if (!in_current) after.push_back(p);
+  }
+  ASSERT_TRUE(ConsumeAll(after, &received)) << received.Missing(after);
+  EXPECT_TRUE(WaitFor(
+      [&] { return journal.Damaged() == std::vector<std::string>{JournalSegmentName(current)}; },
+      seconds(5)));
+  EXPECT_EQ(metrics_.journal_segments_damaged_total.load(), 1u);
+  EXPECT_TRUE(f.StopAndDrain(seconds(5)));
+}
+
+TEST_F(ForwarderBrokerTest, OnAFullDiskItPublishesFreesConfirmedSegmentsAndThenStoresItsCheckpoint) {
+  testing::SmallFilesystem fs(1 << 20);
+  if (!fs.mounted()) GTEST_SKIP() << fs.why_not();
+  DeclareQueue();
+  TestJournal journal(16 * 1024, fs.path());
+  const std::vector<PostData> posts = journal.Append(24, 0, 1500);
+  ASSERT_GT(journal.Segments().size(), 10u);
+  fs.Fill();
+  ASSERT_EQ(fs.free_bytes(), 0u);
+  // A daemon restarted now opens its journal (no new segment yet)...
+  {
+    JournalUsage usage;
+    std::unique_ptr<JournalWriter> writer;
+    const Status s = JournalWriter::Open({fs.path(), 16 * 1024}, &usage, &writer);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  // ... and its forwarder starts, though it cannot create its checkpoint.
+  Config config = TestConfig();
+  config.journal_dir = fs.path();
+  Forwarder f(config, journal.dirfd(), journal.commits(), journal.usage(), &metrics_);
+  ASSERT_TRUE(f.Start().ok());
+  ASSERT_TRUE(WaitForWatermark(f, journal.end()));
+  Received received;
+  ASSERT_TRUE(ConsumeAll(posts, &received)) << received.Missing(posts);
+  ASSERT_TRUE(WaitFor([&] { return journal.Segments().size() == 1; }, seconds(5)))
+      << "confirmed segments are deleted without a checkpoint file";
+  EXPECT_GT(fs.free_bytes(), 100u << 10);
+  EXPECT_TRUE(WaitFor([&] { return journal.StoredCheckpoint() == journal.end(); }, seconds(5)))
+      << "the checkpoint file is created once there is room";
+  EXPECT_TRUE(f.StopAndDrain(seconds(5)));
+}
+
+TEST_F(ForwarderBrokerTest, KilledForwarderPublishesAtMostOneWindowAgainPerKill) {
+  const uint64_t seed = testing::TestSeed();
+  std::printf("seed %llu (POSTSPOOL_TEST_SEED=%llu reruns it)\n",
+              static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  DeclareQueue();
+  TestJournal journal(1 << 20);
+  Config config = TestConfig();
+  config.publish_window_max = 100;
+  // Far longer than a run between kills: what bounds the duplicates must be
+  // the watermark written before each batch is published, not the sync.
+  config.checkpoint_interval_ms = 5000;
+  journal.Append(25, 0, 40000);
+  const JournalPosition end = journal.end();
+  Received received;
+  const auto drain_queue = [&] {
+    std::vector<ReceivedMessage> batch;
+    do {
+      batch.clear();
+      const Status s = client_.GetAll(queue_, &batch);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      received.Add(std::move(batch));
+    } while (!batch.empty());
+  };
+  // Duplicates seen in what each forwarder run published: those of a run
+  // are what its start published again after the previous run was killed.
+  std::vector<size_t> duplicates;
+  int kills = 0;
+  for (int run = 0; run < 12 && journal.StoredCheckpoint() < end; ++run) {
+    const size_t before = received.duplicates();
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      // A forwarder of its own over the same journal, as a daemon runs it.
+      CommitChannel commits;
+      commits.Publish(end);
+      JournalUsage usage;
+      Metrics metrics;
+      Forwarder child(config, journal.dirfd(), &commits, &usage, &metrics);
+      if (!child.Start().ok()) ::_exit(1);
+      for (;;) ::pause();
+    }
+    std::this_thread::sleep_for(milliseconds(200 + rng() % 300));
+    ASSERT_EQ(::kill(pid, SIGKILL), 0);
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "the forwarder process did not start";
+    ++kills;
+    // What the broker read before the kill is routed by now.
+    std::this_thread::sleep_for(milliseconds(100));
+    drain_queue();
+    duplicates.push_back(received.duplicates() - before);
+  }
+  const size_t before = received.duplicates();
+  Forwarder f(config, journal.dirfd(), journal.commits(), journal.usage(), &metrics_);
+  ASSERT_TRUE(f.Start().ok());
+  ASSERT_TRUE(WaitForWatermark(f, end, seconds(60)));
+  ASSERT_TRUE(ConsumeAll(journal.all(), &received, seconds(60))) << received.Missing(journal.all());
+  duplicates.push_back(received.duplicates() - before);
+  std::string list;
+  for (size_t d : duplicates) list += std::to_string(d) + " ";
+  std::printf("forwarder killed %d times (window %u): duplicates per run: %s(max %zu); "
+              "%zu in all for %zu posts\n",
+              kills, config.publish_window_max, list.c_str(),
+              *std::max_element(duplicates.begin(), duplicates.end()), received.duplicates(),
+              journal.all().size());
+  EXPECT_GE(kills, 4) << "too few kills to show anything: the journal was published too fast";
+  for (size_t run = 0; run < duplicates.size(); ++run) {
+    EXPECT_LE(duplicates[run], config.publish_window_max) << "run " << run;
+  }
+  EXPECT_TRUE(f.StopAndDrain(seconds(5)));
 }
 
 }  // namespace

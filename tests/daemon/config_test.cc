@@ -68,6 +68,30 @@ TEST(Config, BadValuesAreErrors) {
   }
 }
 
+TEST(Config, RepublishDelayIsItsOwnSettingNotTheReconnectDelay) {
+  Config defaults;
+  ASSERT_TRUE(ParseConfig("", "t", &defaults).ok());
+  EXPECT_EQ(defaults.republish_delay_initial_ms, 100u);
+  EXPECT_EQ(defaults.republish_delay_max_ms, 30000u);
+  Config c;
+  const Status s = ParseConfig(
+      "reconnect_delay_initial_ms = 1000\nreconnect_delay_max_ms = 60000\n"
+      "republish_delay_initial_ms = 20\nrepublish_delay_max_ms = 500\n",
+      "t", &c);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(c.republish_delay_initial_ms, 20u);
+  EXPECT_EQ(c.republish_delay_max_ms, 500u);
+  EXPECT_EQ(c.reconnect_delay_initial_ms, 1000u);
+  EXPECT_EQ(c.reconnect_delay_max_ms, 60000u);
+  for (const char* text : {"republish_delay_initial_ms = 0", "republish_delay_max_ms = 0",
+                           "republish_delay_initial_ms = 5000\nrepublish_delay_max_ms = 10"}) {
+    Config bad;
+    const Status b = ParseConfig(text, "t", &bad);
+    EXPECT_EQ(b.code(), StatusCode::kInvalidArgument) << text;
+    EXPECT_NE(b.message().find("republish_delay"), std::string::npos) << b.message();
+  }
+}
+
 TEST(Config, MissingFileIsAnErrorNamingIt) {
   Config c;
   const Status s = LoadConfig("/nonexistent/postspoold.conf", &c);
