@@ -12,7 +12,6 @@
 #include "post.h"
 #include "post_conversion.h"
 #include "segment_format.h"
-#include "v03_encoder.h"
 
 namespace postspool::client {
 namespace {
@@ -151,6 +150,8 @@ int Client::Post(const struct postspool_post* post, postspool_post_result* resul
   }
   data.id = NewPostId();
   data.pub_time_ns = RealtimeNs();
+  // The daemon applies the same check to every post it takes (and the v03
+  // encoder refuses no less), so a post refused here would be refused there.
   if (const Status s = ValidatePost(data); !s.ok()) {
     return Fail(ValidationErrorCode(s), s.message(), rel_path);
   }
@@ -158,15 +159,6 @@ int Client::Post(const struct postspool_post* post, postspool_post_result* resul
   BuildPost(data, &builder);
   const std::span<const std::byte> payload(
       reinterpret_cast<const std::byte*>(builder.GetBufferPointer()), builder.GetSize());
-  if (!data.extras.empty()) {
-    // The daemon's v03 encoder refuses some extra keys (the standard field
-    // names); refuse them here, where the caller can still be told.
-    v03::Encoded encoded;
-    if (const Status s = v03::Encode(PostFromPayload(payload), v03::EncodeOptions{}, &encoded);
-        !s.ok()) {
-      return Fail(POSTSPOOL_EINVAL, s.message(), rel_path);
-    }
-  }
   std::vector<std::byte> record;
   if (const Status s = segment::AppendRecord(payload, &record); !s.ok()) {
     return Fail(POSTSPOOL_ETOOBIG, s.message(), rel_path);

@@ -1,11 +1,21 @@
 #include "config.h"
 
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/un.h>
+#include <unistd.h>
+
 #include <cerrno>
+#include <cstring>
 #include <charconv>
 #include <fstream>
 #include <functional>
 #include <map>
 #include <sstream>
+
+#include "amqp_url.h"
+#include "segment_format.h"
+#include "socket_protocol.h"
 
 namespace postspool::daemon {
 namespace {
@@ -87,7 +97,7 @@ Status ParseConfig(const std::string& text, const std::string& origin, Config* c
       {"quarantine_bytes_max", [&](auto v) { return ParseSize(v, &c->quarantine_bytes_max); }},
       {"disk_bytes_per_uid_max", [&](auto v) { return ParseSize(v, &c->disk_bytes_per_uid_max) && c->disk_bytes_per_uid_max > 0; }},
       {"batch_records_max", [&](auto v) { return ParseU32(v, &c->batch_records_max) && c->batch_records_max > 0; }},
-      {"batch_bytes_max", [&](auto v) { return ParseSize(v, &c->batch_bytes_max) && c->batch_bytes_max >= (256u << 10); }},
+      {"batch_bytes_max", [&](auto v) { return ParseSize(v, &c->batch_bytes_max) && c->batch_bytes_max >= (512u << 10); }},
       {"dedupe_window_posts", [&](auto v) { return ParseU32(v, &c->dedupe_window_posts) && c->dedupe_window_posts <= (1u << 24); }},
       {"spool_rescan_interval_ms", [&](auto v) { return ParseU32(v, &c->spool_rescan_interval_ms) && c->spool_rescan_interval_ms > 0; }},
       {"journal_segment_bytes_max", [&](auto v) { return ParseSize(v, &c->journal_segment_bytes_max) && c->journal_segment_bytes_max >= (1u << 20); }},
@@ -179,6 +189,128 @@ Status LoadConfig(const std::string& path, Config* config) {
   std::stringstream ss;
   ss << f.rdbuf();
   return ParseConfig(ss.str(), path, config);
+}
+
+Status CheckConfig(const Config& c) {
+  const auto invalid = [](const std::string& why) {
+    return Status(StatusCode::kInvalidArgument, why);
+  };
+  constexpr size_t kSunPathBytesMax = sizeof(sockaddr_un{}.sun_path) - 1;  // and its NUL
+  if (c.socket_path.empty() || c.socket_path.front() != '/') {
+    return invalid("socket_path must be an absolute path, not '" + c.socket_path + "'");
+  }
+  if (c.socket_path.size() > kSunPathBytesMax) {
+    return invalid("socket_path is " + std::to_string(c.socket_path.size()) +
+                   " bytes, above the " + std::to_string(kSunPathBytesMax) +
+                   " a Unix socket address holds: " + c.socket_path);
+  }
+  for (const auto& [key, path] : {std::pair{"spool_dir", &c.spool_dir},
+                                  std::pair{"quarantine_dir", &c.quarantine_dir},
+                                  std::pair{"journal_dir", &c.journal_dir}}) {
+    if (path->empty() || path->front() != '/') {
+      return invalid(std::string(key) + " must be an absolute path, not '" + *path + "'");
+    }
+  }
+  if (!c.metrics_file.empty() && c.metrics_file.front() != '/') {
+    return invalid("metrics_file must be an absolute path (or empty), not '" + c.metrics_file +
+                   "'");
+  }
+
+  if (c.post_broker.empty()) return invalid("post_broker names no broker");
+  for (const std::string& url : c.post_broker) {
+    BrokerUrl parsed;
+    // The message names the URL without its password.
+    if (Status s = ParseBrokerUrl(url, &parsed); !s.ok()) return invalid("post_broker: " + s.message());
+  }
+  for (const auto& [key, path] : {std::pair{"tls_ca_file", &c.tls_ca_file},
+                                  std::pair{"tls_cert_file", &c.tls_cert_file},
+                                  std::pair{"tls_key_file", &c.tls_key_file}}) {
+    if (path->empty()) continue;
+    const int fd = ::open(path->c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      return invalid(std::string(key) + " " + *path + " cannot be read: " + std::strerror(errno));
+    }
+    ::close(fd);
+  }
+  if (!c.tls_key_file.empty() && c.tls_cert_file.empty()) {
+    return invalid("tls_key_file is set but tls_cert_file is not");
+  }
+
+  if (c.connections_max == 0) return invalid("connections_max is 0");
+  rlimit nofile{};
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) != 0) {
+    return Status::FromErrno(errno, "getrlimit RLIMIT_NOFILE");
+  }
+  if (nofile.rlim_max != RLIM_INFINITY &&
+      uint64_t{c.connections_max} + kDaemonFdsReserve > nofile.rlim_max) {
+    return invalid("connections_max is " + std::to_string(c.connections_max) +
+                   ", but the open files limit (RLIMIT_NOFILE, hard) is " +
+                   std::to_string(nofile.rlim_max) + " and the daemon needs " +
+                   std::to_string(kDaemonFdsReserve) +
+                   " for itself: lower connections_max or raise the limit (LimitNOFILE=)");
+  }
+
+  // A request is taken only while the batch has room for twice its size
+  // (stamping may grow it), so the batch must hold twice the largest one.
+  const uint64_t batch_bytes_min = 2 * uint64_t{wire::kRequestBytesMax};
+  if (c.batch_bytes_max < batch_bytes_min) {
+    return invalid("batch_bytes_max is " + std::to_string(c.batch_bytes_max) +
+                   " bytes, below twice the largest request (" +
+                   std::to_string(batch_bytes_min) + " bytes): such requests would be refused "
+                   "as busy forever");
+  }
+  if (c.journal_segment_bytes_max < c.batch_bytes_max) {
+    return invalid("journal_segment_bytes_max (" + std::to_string(c.journal_segment_bytes_max) +
+                   ") is below batch_bytes_max (" + std::to_string(c.batch_bytes_max) +
+                   "): a group-commit batch must fit in one journal segment");
+  }
+  if (c.batch_records_max == 0) return invalid("batch_records_max is 0");
+  if (c.disk_bytes_max == 0) return invalid("disk_bytes_max is 0");
+  if (c.publish_window_max == 0 || c.publish_window_max > 65535) {
+    return invalid("publish_window_max is " + std::to_string(c.publish_window_max) +
+                   ", outside 1..65535");
+  }
+  if (c.dedupe_window_posts > (1u << 24)) {
+    return invalid("dedupe_window_posts is above " + std::to_string(1u << 24));
+  }
+  if (c.post_topicPrefix.empty() || c.post_topicPrefix.size() >= 200) {
+    return invalid("post_topicPrefix must be 1 to 199 bytes");
+  }
+  if (c.post_baseUrl.empty()) return invalid("post_baseUrl is empty");
+  if (c.connections_per_uid_max == 0) return invalid("connections_per_uid_max is 0");
+  if (c.disk_bytes_per_uid_max == 0) return invalid("disk_bytes_per_uid_max is 0");
+  if (c.spool_scan_entries_max == 0) return invalid("spool_scan_entries_max is 0");
+  if (c.spool_read_bytes_max < (64u << 10)) return invalid("spool_read_bytes_max is below 64 KiB");
+  if (c.reconnect_delay_initial_ms == 0 || c.reconnect_delay_max_ms == 0 ||
+      c.reconnect_delay_initial_ms > c.reconnect_delay_max_ms) {
+    return invalid("reconnect_delay_initial_ms must be 1 to reconnect_delay_max_ms");
+  }
+  for (const auto& [key, value] :
+       {std::pair{"spool_rescan_interval_ms", c.spool_rescan_interval_ms},
+        std::pair{"connect_timeout_ms", c.connect_timeout_ms},
+        std::pair{"checkpoint_interval_ms", c.checkpoint_interval_ms},
+        std::pair{"metrics_interval_ms", c.metrics_interval_ms}}) {
+    if (value == 0) return invalid(std::string(key) + " is 0");
+  }
+  if (c.socket_mode > 0777) return invalid("socket_mode has bits outside 0777");
+  if (c.log_level != "error" && c.log_level != "warning" && c.log_level != "info" &&
+      c.log_level != "debug") {
+    return invalid("log_level '" + c.log_level + "' is not error, warning, info or debug");
+  }
+  return Status::Ok();
+}
+
+Status RaiseOpenFilesLimit() {
+  rlimit nofile{};
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) != 0) {
+    return Status::FromErrno(errno, "getrlimit RLIMIT_NOFILE");
+  }
+  if (nofile.rlim_cur == nofile.rlim_max) return Status::Ok();
+  nofile.rlim_cur = nofile.rlim_max;
+  if (::setrlimit(RLIMIT_NOFILE, &nofile) != 0) {
+    return Status::FromErrno(errno, "setrlimit RLIMIT_NOFILE");
+  }
+  return Status::Ok();
 }
 
 const char* DurabilityName(Durability d) {

@@ -99,6 +99,35 @@ struct Config {
 Status ParseConfig(const std::string& text, const std::string& origin, Config* config);
 Status LoadConfig(const std::string& path, Config* config);
 
+// Descriptors the daemon keeps for itself besides client connections
+// (journal, spool, quarantine, listening socket, signalfd, inotify, eventfds,
+// io_uring, the broker connection, metrics, stdio), with room to spare.
+inline constexpr uint32_t kDaemonFdsReserve = 64;
+
+// Every check of `config` that does not need the daemon running, i.e. every
+// static check that start makes (or would otherwise fail on later), so that
+// `postspoold --check-config` (systemd's ExecStartPre, exit 2, not
+// restarted) catches what would make the daemon exit at start and be
+// restarted in a loop. kInvalidArgument naming the key:
+//  - socket_path absolute and short enough for a Unix socket address
+//    (sizeof(sun_path) - 1 = 107 bytes); spool_dir, quarantine_dir,
+//    journal_dir and a non-empty metrics_file absolute;
+//  - every post_broker URL parses (ParseBrokerUrl); at least one;
+//  - tls_ca_file, tls_cert_file, tls_key_file readable when set; a key
+//    only with a certificate;
+//  - connections_max + kDaemonFdsReserve within RLIMIT_NOFILE's hard limit
+//    (start raises the soft limit to it: RaiseOpenFilesLimit);
+//  - batch_bytes_max holds at least one record of the largest payload;
+//    journal_segment_bytes_max at least batch_bytes_max;
+//  - the ranges ParseConfig enforces, for a Config built in code.
+// Reads the TLS files and getrlimit; changes nothing.
+Status CheckConfig(const Config& config);
+
+// Raises RLIMIT_NOFILE's soft limit to its hard limit (systemd starts
+// services with a soft limit of 1024, far below connections_max). An error
+// only if setrlimit refuses.
+Status RaiseOpenFilesLimit();
+
 const char* DurabilityName(Durability d);
 const char* IoBackendName(IoBackend b);
 

@@ -14,7 +14,8 @@ void Usage(FILE* out) {
                "usage: postspoold [--config PATH] [--check-config]\n"
                "  --config PATH    configuration file (default /etc/postspool/postspoold.conf;\n"
                "                   a missing default file means built-in defaults)\n"
-               "  --check-config   parse the configuration, print errors, exit\n"
+               "  --check-config   parse and check the configuration (every check start\n"
+               "                   makes), print errors, exit 0 if valid, 2 if not\n"
                "Runs in the foreground; logs to stderr. SIGTERM stops it cleanly.\n");
 }
 
@@ -46,11 +47,30 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (check_only) {
+    // Everything start checks before it touches anything: a configuration
+    // that passes here does not make the daemon exit at start (and systemd
+    // restart it in a loop); one that fails exits 2, which the unit does
+    // not restart.
+    if (s = CheckConfig(config); !s.ok()) {
+      std::fprintf(stderr, "postspoold: %s: %s\n", path.c_str(), s.message().c_str());
+      return 2;
+    }
     std::printf("postspoold: configuration %s is valid\n", path.c_str());
     return 0;
   }
   LogLevel level;
   if (ParseLogLevel(config.log_level.c_str(), &level)) SetLogLevel(level);
+  // The same checks as --check-config, and the same exit status 2, which the
+  // unit does not restart: a bad configuration never becomes a restart loop.
+  if (s = CheckConfig(config); !s.ok()) {
+    PS_LOG_ERROR("configuration %s: %s", path.c_str(), s.message().c_str());
+    return 2;
+  }
+  // systemd (and most shells) start with a soft limit of 1024 open files,
+  // far below connections_max; the hard limit is what LimitNOFILE= grants.
+  if (postspool::Status raised = RaiseOpenFilesLimit(); !raised.ok()) {
+    PS_LOG_WARNING("cannot raise the open files limit: %s", raised.message().c_str());
+  }
   s = RunDaemon(config);
   if (!s.ok()) {
     PS_LOG_ERROR("cannot run: %s", s.message().c_str());

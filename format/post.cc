@@ -2,11 +2,14 @@
 
 #include <sys/random.h>
 
+#include <algorithm>
 #include <cassert>
 #include <cerrno>
 #include <cstring>
+#include <string_view>
 
 #include "segment_format.h"
+#include "v03_fields.h"
 
 namespace postspool {
 namespace {
@@ -41,6 +44,45 @@ Status CheckPath(std::string_view field, const std::string& s) {
   return CheckLength(field, s.size(), kPathBytesMax);
 }
 
+// A path in relPath form (rel_path, and the fileOp targets hlink and rename,
+// which name another file under the same base): '/'-separated components,
+// none of them empty, "." or "..", so that a consumer that joins it to its
+// own directory stays inside that directory. One leading '/' is allowed and
+// means the same path without it: Sarracenia's posters form relPath from an
+// absolute path and strip that '/', and the v03 encoder strips it too.
+Status CheckRelPathForm(std::string_view field, std::string_view path) {
+  if (path.starts_with('/')) path.remove_prefix(1);
+  if (path.empty()) {
+    return Status(StatusCode::kInvalidArgument, std::string(field) + " names no file");
+  }
+  size_t begin = 0;
+  for (;;) {
+    const size_t end = std::min(path.find('/', begin), path.size());
+    const std::string_view component = path.substr(begin, end - begin);
+    if (component.empty()) {
+      return Status(StatusCode::kInvalidArgument,
+                    std::string(field) + " is not normalised: an empty component ('//', a "
+                                         "second leading '/' or a trailing '/')");
+    }
+    if (component == "." || component == "..") {
+      return Status(StatusCode::kInvalidArgument,
+                    std::string(field) + " is not normalised: a '" + std::string(component) +
+                        "' component");
+    }
+    if (end == path.size()) return Status::Ok();
+    begin = end + 1;
+  }
+}
+
+// The digest length of the binary identity methods, 0 for the text ones.
+size_t DigestBytes(fb::IdentityMethod method) {
+  switch (method) {
+    case fb::IdentityMethod::Sha512: return 64;
+    case fb::IdentityMethod::Md5: return 16;
+    default: return 0;
+  }
+}
+
 }  // namespace
 
 PostId NewPostId() {
@@ -65,6 +107,7 @@ Status ValidatePost(const PostData& p) {
   if (p.rel_path.empty()) return Status(StatusCode::kInvalidArgument, "rel_path is empty");
   if (Status s = CheckLength("base_url", p.base_url.size(), kBaseUrlBytesMax); !s.ok()) return s;
   if (Status s = CheckPath("rel_path", p.rel_path); !s.ok()) return s;
+  if (Status s = CheckRelPathForm("rel_path", p.rel_path); !s.ok()) return s;
   for (const auto& [name, field] :
        {std::pair{"retrieve_path", &p.retrieve_path}, std::pair{"link", &p.link},
         std::pair{"hlink", &p.hlink}, std::pair{"rename", &p.rename},
@@ -73,20 +116,63 @@ Status ValidatePost(const PostData& p) {
       if (Status s = CheckPath(name, **field); !s.ok()) return s;
     }
   }
+  // link is a symbolic link's target, which may point anywhere (the consumer
+  // makes the same link); hlink and rename name files under the base.
+  if (p.hlink) {
+    if (Status s = CheckRelPathForm("hlink", *p.hlink); !s.ok()) return s;
+  }
+  if (p.rename) {
+    if (Status s = CheckRelPathForm("rename", *p.rename); !s.ok()) return s;
+  }
   if (Status s = CheckLength("identity value", p.identity_value.size(), kIdentityBytesMax);
       !s.ok()) {
     return s;
+  }
+  if (p.identity_method != fb::IdentityMethod::None) {
+    const size_t digest_bytes = DigestBytes(p.identity_method);
+    if (digest_bytes != 0 && p.identity_value.size() != digest_bytes) {
+      return Status(StatusCode::kInvalidArgument,
+                    "identity value is " + std::to_string(p.identity_value.size()) +
+                        " bytes, the digest of its method is " + std::to_string(digest_bytes));
+    }
+    if (p.identity_value.empty()) {
+      return Status(StatusCode::kInvalidArgument, "identity value is empty");
+    }
+  }
+  if (p.size && *p.size < 0) {
+    return Status(StatusCode::kInvalidArgument, "size is negative (" + std::to_string(*p.size) + ")");
+  }
+  // Permission bits only: the v03 mode is the octal of mode & 07777.
+  if (p.mode && (*p.mode & ~07777u) != 0) {
+    return Status(StatusCode::kInvalidArgument, "mode has bits outside 07777");
   }
   if (p.extras.size() > kExtrasMax) {
     return Status(StatusCode::kInvalidArgument, std::to_string(p.extras.size()) +
                                                     " extra fields, above the limit of " +
                                                     std::to_string(kExtrasMax));
   }
-  for (const auto& [key, value] : p.extras) {
+  for (size_t i = 0; i < p.extras.size(); ++i) {
+    const auto& [key, value] = p.extras[i];
     if (key.empty()) return Status(StatusCode::kInvalidArgument, "extra field with an empty key");
     if (Status s = CheckLength("extra field " + key, key.size() + value.size(), kExtraBytesMax);
         !s.ok()) {
       return s;
+    }
+    if (key.find('\0') != std::string::npos || value.find('\0') != std::string::npos) {
+      return Status(StatusCode::kInvalidArgument,
+                    "extra field " + std::to_string(i) + " contains a NUL byte");
+    }
+    if (v03::IsReservedFieldName(key)) {
+      return Status(StatusCode::kInvalidArgument,
+                    "extra field \"" + key + "\" is a standard v03 field name");
+    }
+    // A JSON object with a member twice means different things to different
+    // readers (Python keeps the last).
+    for (size_t j = 0; j < i; ++j) {
+      if (p.extras[j].first == key) {
+        return Status(StatusCode::kInvalidArgument,
+                      "extra field \"" + key + "\" is given twice");
+      }
     }
   }
   // The limits above keep the worst case well inside one record.

@@ -62,9 +62,21 @@ inline constexpr size_t kExtrasMax = 32;
 inline constexpr size_t kExtraBytesMax = 1024;     // key + value of one extra
 inline constexpr size_t kIdentityBytesMax = 256;
 
-// kInvalidArgument (with the field named) for a post that must not be
-// accepted: an empty rel_path, a field above its limit, a NUL byte in a
-// path. An empty base_url is valid: the daemon fills in its post_baseUrl.
+// What a post may say: the one check that the client library applies before
+// it sends or spools a post and the daemon applies to every post it takes,
+// whatever the transport. kInvalidArgument, with the field named, for:
+//  - an empty rel_path, a field above its limit, a NUL byte in a path or an
+//    extra field;
+//  - a rel_path, hlink or rename that is not normalised: an empty component
+//    ("a//b", a trailing '/'), or a "." or ".." component. One leading '/'
+//    is allowed and means the same path without it (FORMAT.md, "Post
+//    limits");
+//  - an identity value of the wrong length for its digest (sha512: 64
+//    bytes, md5: 16), or empty;
+//  - a negative size; a mode with bits outside 07777;
+//  - an extra field whose key is empty, a Sarracenia v03 field name
+//    (v03_fields.h), or the key of an earlier extra field.
+// An empty base_url is valid: the daemon fills in its post_baseUrl.
 Status ValidatePost(const PostData& post);
 
 // Serialises `post` into `builder` (cleared first) and finishes the buffer

@@ -67,6 +67,12 @@ bool SameFile(const struct stat& a, const struct stat& b) {
 
 }  // namespace
 
+NewNameSync NewNameSyncFor(int dirfd) {
+  const int flags = ::fcntl(dirfd, F_GETFL);
+  if (flags < 0 || (flags & O_PATH) != 0) return NewNameSync::kFile;
+  return NewNameSync::kFileAndDirectory;
+}
+
 uint64_t NewSegmentId() {
   uint64_t id = 0;
   while (::getrandom(&id, sizeof id, 0) != static_cast<ssize_t>(sizeof id)) {
@@ -122,11 +128,18 @@ Status CreateSegment(int dirfd, const std::string& name, const Header& header, m
     ::unlinkat(dirfd, tmp_name.c_str(), 0);
   }
   if (rc != 0) return Status::FromErrno(errno, "link segment " + name);
-  if (sync && ::fsync(dirfd) != 0) {
-    // An O_PATH directory descriptor (the client library opens the spool
-    // that way, so that a directory users cannot list works) cannot be
-    // fsync'ed: sync the filesystem through the new file instead.
-    if (errno != EBADF || ::syncfs(fd.get()) != 0) {
+  if (sync) {
+    // The new name must survive a power loss. fsync of the file after the
+    // link commits the journal transaction that holds the link (the inode's
+    // link count changed in the same transaction as the directory entry) on
+    // journaling filesystems (ext4, xfs; btrfs logs new names on fsync).
+    // That is all a user who may not read the spool directory can do: its
+    // O_PATH descriptor cannot be fsync'ed, and a directory cannot be opened
+    // for reading without read permission. Where the descriptor allows it,
+    // the directory is fsync'ed as well, as POSIX asks. Never syncfs: it
+    // would write out every dirty page of the filesystem, anyone's.
+    if (::fsync(fd.get()) != 0) return Status::FromErrno(errno, "sync segment " + name);
+    if (NewNameSyncFor(dirfd) == NewNameSync::kFileAndDirectory && ::fsync(dirfd) != 0) {
       return Status::FromErrno(errno, "sync spool directory");
     }
   }
@@ -206,6 +219,13 @@ Status SealSegment(int fd, Deadline deadline, bool sync) {
 
 std::string SpoolCurrentName(uid_t uid) { return std::to_string(uid) + ".current"; }
 
+std::string SpoolPrivateCurrentName(uid_t uid, uint64_t segment_id) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%u.%016llx.current", static_cast<unsigned>(uid),
+                static_cast<unsigned long long>(segment_id));
+  return buf;
+}
+
 std::string SpoolSealedName(uid_t uid, uint64_t segment_id) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%u.%016llx.sealed", static_cast<unsigned>(uid),
@@ -227,40 +247,54 @@ std::optional<SpoolName> ParseSpoolName(std::string_view name) {
     out.current = true;
     return out;
   }
-  if (rest.size() != 16 + 7 || rest.substr(16) != ".sealed") return std::nullopt;
+  // <16 hex>.sealed or <16 hex>.current
+  if (rest.size() < 17 || rest[16] != '.') return std::nullopt;
+  const std::string_view kind = rest.substr(17);
+  if (kind != "sealed" && kind != "current") return std::nullopt;
   for (char c : rest.substr(0, 16)) {
     if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return std::nullopt;
   }
   std::from_chars(rest.data(), rest.data() + 16, out.segment_id, 16);
+  out.current = kind == "current";
   return out;
 }
 
 SegmentAppender::SegmentAppender(int dirfd, uid_t uid, Options options)
-    : dirfd_(dirfd), uid_(uid), options_(options), current_name_(SpoolCurrentName(uid)) {}
+    : dirfd_(dirfd), uid_(uid), options_(options), shared_name_(SpoolCurrentName(uid)) {}
+
+bool SegmentAppender::Usable(const struct stat& st) const {
+  return S_ISREG(st.st_mode) && st.st_uid == uid_ && st.st_nlink == 1;
+}
 
 Status SegmentAppender::OpenCurrent() {
   fd_.reset();
   for (int attempt = 0; attempt < kReopenAttemptsMax; ++attempt) {
-    UniqueFd fd(::openat(dirfd_, current_name_.c_str(),
+    // O_NOFOLLOW: a symbolic link fails (ELOOP) instead of leading us to the
+    // file it names. O_NONBLOCK: a FIFO opens at once instead of hanging.
+    UniqueFd fd(::openat(dirfd_, shared_name_.c_str(),
                          O_RDWR | O_APPEND | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
     if (!fd.valid()) {
-      if (errno != ENOENT) return Status::FromErrno(errno, "open spool segment " + current_name_);
-      Status s = CreateSegment(dirfd_, current_name_, NewHeader(NewSegmentId()),
+      // Anything but a missing name is someone else's object under our name
+      // (ELOOP: a symbolic link, EISDIR: a directory, EACCES: a file we may
+      // not write, ENXIO, ...) or a directory problem that creating a file
+      // of our own reports just as well.
+      if (errno != ENOENT) return OpenPrivate();
+      Status s = CreateSegment(dirfd_, shared_name_, NewHeader(NewSegmentId()),
                                options_.file_mode, options_.sync, &fd);
       if (s.code() == StatusCode::kAlreadyExists) continue;  // another process won
       if (!s.ok()) return s;
     }
     struct stat st;
-    if (::fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, "stat " + current_name_);
-    if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) {
-      return Status(StatusCode::kPermissionDenied,
-                    "spool segment " + current_name_ + " is not a regular file owned by uid " +
-                        std::to_string(::geteuid()));
-    }
+    if (::fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, "stat " + shared_name_);
+    // Only a regular file of our own with no other name: a squatter's file
+    // would let its owner read our posts, a hard link to a file of ours
+    // would be written through (or adopted) under a name we do not control.
+    if (!Usable(st)) return OpenPrivate();
     Header header;
     Status s = ReadHeader(fd.get(), &header);
     if (s.ok() && !header.sealed()) {
       fd_ = std::move(fd);
+      current_name_ = shared_name_;
       opened_by_ = ::getpid();
       open_segment_id_ = header.segment_id;
       return Status::Ok();
@@ -270,13 +304,40 @@ Status SegmentAppender::OpenCurrent() {
     // start a new one.
     const uint64_t id = s.ok() ? header.segment_id : NewSegmentId();
     struct stat named;
-    if (::fstatat(dirfd_, current_name_.c_str(), &named, AT_SYMLINK_NOFOLLOW) == 0 &&
+    if (::fstatat(dirfd_, shared_name_.c_str(), &named, AT_SYMLINK_NOFOLLOW) == 0 &&
         SameFile(named, st)) {
-      ::renameat(dirfd_, current_name_.c_str(), dirfd_, SpoolSealedName(uid_, id).c_str());
+      ::renameat(dirfd_, shared_name_.c_str(), dirfd_, SpoolSealedName(uid_, id).c_str());
     }
   }
+  // The shared name kept changing under us (segments sealed as fast as we
+  // opened them, or another user racing to take the name): a name of our
+  // own cannot be taken.
+  return OpenPrivate();
+}
+
+Status SegmentAppender::OpenPrivate() {
+  fd_.reset();
+  for (int attempt = 0; attempt < kReopenAttemptsMax; ++attempt) {
+    // 64 random bits: nobody can guess the name in advance, and the spool
+    // directory cannot be listed by users. The segment id is the same
+    // number, so the sealed name the daemon gives it matches.
+    const uint64_t id = NewSegmentId();
+    const std::string name = SpoolPrivateCurrentName(uid_, id);
+    UniqueFd fd;
+    Status s = CreateSegment(dirfd_, name, NewHeader(id), options_.file_mode, options_.sync, &fd);
+    if (s.code() == StatusCode::kAlreadyExists) continue;
+    if (!s.ok()) return s;
+    struct stat st;
+    if (::fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, "stat " + name);
+    if (!Usable(st)) continue;  // linked to in the instant since: not ours alone
+    fd_ = std::move(fd);
+    current_name_ = name;
+    opened_by_ = ::getpid();
+    open_segment_id_ = id;
+    return Status::Ok();
+  }
   return Status(StatusCode::kIoError,
-                "could not open a writable current spool segment " + current_name_);
+                "could not create a spool segment of uid " + std::to_string(uid_));
 }
 
 Status SegmentAppender::RollOver(Deadline deadline) {
@@ -318,7 +379,8 @@ Status SegmentAppender::Append(std::span<const std::byte> records, Deadline dead
     }
     struct stat st, named;
     if (::fstat(fd_.get(), &st) != 0) return Status::FromErrno(errno, "stat spool segment");
-    if (::fstatat(dirfd_, current_name_.c_str(), &named, AT_SYMLINK_NOFOLLOW) != 0 ||
+    if (!Usable(st) ||
+        ::fstatat(dirfd_, current_name_.c_str(), &named, AT_SYMLINK_NOFOLLOW) != 0 ||
         !SameFile(st, named)) {
       // The daemon renamed it away and is about to seal it: move on now, so
       // that the seal's exclusive lock is not starved by our appends.
@@ -332,10 +394,13 @@ Status SegmentAppender::Append(std::span<const std::byte> records, Deadline dead
     }
     // The name is checked again under the lock: once the daemon renamed the
     // segment and took its exclusive lock, no append can slip in, even where
-    // the daemon could not set the sealed flag.
+    // the daemon could not set the sealed flag. So are the owner and the link
+    // count: a hard link made since the open (another name for our posts)
+    // sends us to a new segment rather than writing through it.
     Status s = AppendToSegment(fd_.get(), records, deadline, options_.sync, [&] {
-      struct stat now;
-      return ::fstatat(dirfd_, current_name_.c_str(), &now, AT_SYMLINK_NOFOLLOW) == 0 &&
+      struct stat now, mine;
+      return ::fstat(fd_.get(), &mine) == 0 && Usable(mine) &&
+             ::fstatat(dirfd_, current_name_.c_str(), &now, AT_SYMLINK_NOFOLLOW) == 0 &&
              SameFile(st, now);
     });
     if (s.code() == StatusCode::kSealed) {

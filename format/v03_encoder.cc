@@ -7,21 +7,10 @@
 #include <string>
 #include <string_view>
 
+#include "v03_fields.h"
+
 namespace postspool::v03 {
 namespace {
-
-// Keys an extra field may not use: the body fields this encoder writes, and
-// the other names Sarracenia gives a meaning in a v03 body (the earlier names
-// "integrity" and "retPath", which it reads as identity and retrievePath; the
-// routing fields "topic" and "subtopic"; "parts", "blocks", "content",
-// "contentType"). A subscriber would take such an extra for the standard
-// field.
-constexpr std::string_view kReservedKeys[] = {
-    "pubTime", "baseUrl",   "relPath",   "retrievePath", "fileOp", "identity",
-    "size",    "mode",      "mtime",     "atime",        "source", "integrity",
-    "topic",   "subtopic",  "retPath",   "parts",        "blocks", "content",
-    "contentType",
-};
 
 constexpr char kHexLower[] = "0123456789abcdef";
 constexpr char kHexUpper[] = "0123456789ABCDEF";
@@ -204,6 +193,13 @@ void AppendBase64(const uint8_t* data, size_t n, std::string* out) {
   }
 }
 
+// Sarracenia strips the leading '/' of relPath; the fileOp targets hlink
+// and rename are relPaths too (of the other name, of the old name).
+std::string_view WithoutLeadingSlashes(std::string_view path) {
+  path.remove_prefix(std::min(path.find_first_not_of('/'), path.size()));
+  return path;
+}
+
 void AppendFileOp(const fb::FileOp* op, std::string* out) {
   if (op == nullptr) return;
   if (op->link() == nullptr && op->hlink() == nullptr && op->rename() == nullptr &&
@@ -214,8 +210,12 @@ void AppendFileOp(const fb::FileOp* op, std::string* out) {
   const size_t open_at = out->size();
   out->push_back('{');
   if (op->link() != nullptr) AppendStringMember("link", View(op->link()), open_at, out);
-  if (op->hlink() != nullptr) AppendStringMember("hlink", View(op->hlink()), open_at, out);
-  if (op->rename() != nullptr) AppendStringMember("rename", View(op->rename()), open_at, out);
+  if (op->hlink() != nullptr) {
+    AppendStringMember("hlink", WithoutLeadingSlashes(View(op->hlink())), open_at, out);
+  }
+  if (op->rename() != nullptr) {
+    AppendStringMember("rename", WithoutLeadingSlashes(View(op->rename())), open_at, out);
+  }
   if (op->remove()) AppendStringMember("remove", "", open_at, out);
   if (op->directory()) AppendStringMember("directory", "", open_at, out);
   out->push_back('}');
@@ -357,11 +357,11 @@ Status CheckExtras(const fb::Post& post) {
   for (const fb::Extra* extra : *post.extras()) {
     if (extra == nullptr) continue;
     const std::string_view key = View(extra->key());
-    for (const std::string_view reserved : kReservedKeys) {
-      if (key == reserved) {
-        return Status(StatusCode::kInvalidArgument,
-                      "extra field \"" + std::string(key) + "\" is a standard v03 field name");
-      }
+    // The same list ValidatePost uses: a journal written before a name was
+    // reserved still never sends it as a standard field.
+    if (IsReservedFieldName(key)) {
+      return Status(StatusCode::kInvalidArgument,
+                    "extra field \"" + std::string(key) + "\" is a standard v03 field name");
     }
   }
   return Status::Ok();
@@ -459,8 +459,7 @@ Status Encode(const fb::Post& post, const EncodeOptions& options, Encoded* out) 
   if (Status s = CheckExtras(post); !s.ok()) return s;
 
   // Sarracenia strips leading slashes from relPath.
-  std::string_view rel_path = View(post.rel_path());
-  rel_path.remove_prefix(std::min(rel_path.find_first_not_of('/'), rel_path.size()));
+  const std::string_view rel_path = WithoutLeadingSlashes(View(post.rel_path()));
 
   BuildRoutingKey(options.topic_prefix, rel_path, &out->routing_key);
 

@@ -31,8 +31,9 @@ struct Encoded {
 };
 
 // Encodes a verified Post. `out`'s strings are overwritten, their capacity
-// reused. kInvalidArgument if an extra field's key is one of the standard
-// v03 field names (it would make the body ambiguous).
+// reused. kInvalidArgument if an extra field's key is a Sarracenia v03 field
+// name (v03_fields.h, the list ValidatePost uses): it would make the body
+// ambiguous.
 Status Encode(const fb::Post& post, const EncodeOptions& options, Encoded* out);
 
 // The v03 time format: "YYYYMMDDTHHMMSS.fraction", UTC, the fraction in

@@ -33,13 +33,14 @@ run() {  # dir, then meson test options
   meson test -C "$dir" --print-errorlogs "$@" || status=1
 }
 
-setup build
+# Warnings are errors here (the default is off, for packagers' builds).
+setup build -Dwerror=true
 run build
 
-setup build-san -Db_sanitize=address,undefined -Db_lundef=false -Dbench=false
+setup build-san -Dwerror=true -Db_sanitize=address,undefined -Db_lundef=false -Dbench=false
 run build-san
 
-CC=clang-14 CXX=clang++-14 setup build-fuzz -Dfuzz=true -Dfuzz_seconds="$fuzz_seconds" \
+CC=clang-14 CXX=clang++-14 setup build-fuzz -Dwerror=true -Dfuzz=true -Dfuzz_seconds="$fuzz_seconds" \
   -Db_sanitize=address,undefined -Db_lundef=false -Dbench=false
 run build-fuzz --suite fuzz
 

@@ -5,12 +5,21 @@
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <sys/file.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <csignal>
+#include <cstddef>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 
@@ -143,6 +152,12 @@ TEST(SpoolNames, FormatAndParseRoundTrip) {
   ASSERT_TRUE(cur);
   EXPECT_TRUE(cur->current);
   EXPECT_EQ(cur->uid, 1000u);
+  EXPECT_EQ(SpoolPrivateCurrentName(1000, 0xabcULL), "1000.0000000000000abc.current");
+  auto own = ParseSpoolName("1000.00000000deadbeef.current");
+  ASSERT_TRUE(own);
+  EXPECT_TRUE(own->current);
+  EXPECT_EQ(own->uid, 1000u);
+  EXPECT_EQ(own->segment_id, 0xdeadbeefULL);
   auto sealed = ParseSpoolName("0.ffffffffffffffff.sealed");
   ASSERT_TRUE(sealed);
   EXPECT_FALSE(sealed->current);
@@ -150,9 +165,167 @@ TEST(SpoolNames, FormatAndParseRoundTrip) {
   EXPECT_EQ(sealed->segment_id, 0xffffffffffffffffULL);
   for (const char* bad : {"", ".current", "01000.current", "x.current", "1000.cur",
                           "1000.abc.sealed", "1000.0000000000000ABC.sealed",
-                          "99999999999.current", ".tmp.12.0000000000000abc", "1000"}) {
+                          "99999999999.current", ".tmp.12.0000000000000abc", "1000",
+                          "1000.abc.current", "1000.0000000000000ABC.current",
+                          "1000.0000000000000abc.currentx", "1000.0000000000000abc.",
+                          "1000.0000000000000abcd.current", "1000.0000000000000abc.other"}) {
     EXPECT_FALSE(ParseSpoolName(bad)) << bad;
   }
+}
+
+// The names in `dir` that parse as a current segment of `uid`.
+std::vector<std::string> CurrentNames(const TempDir& dir, uid_t uid) {
+  std::vector<std::string> out;
+  for (const std::string& name : dir.List()) {
+    const auto parsed = ParseSpoolName(name);
+    if (parsed && parsed->current && parsed->uid == uid) out.push_back(name);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST(SegmentAppender, AFifoUnderTheCurrentNameSendsWritersToAPrivateSegment) {
+  TempDir dir;
+  const uid_t uid = ::geteuid();
+  ASSERT_EQ(::mkfifoat(dir.fd(), SpoolCurrentName(uid).c_str(), 0666), 0);
+  SegmentAppender appender(dir.fd(), uid, {});
+  ASSERT_TRUE(appender.Append(Framed(NumberedPost(1, 1)), In(1s)).ok());
+  ASSERT_TRUE(appender.Append(Framed(NumberedPost(1, 2)), In(1s)).ok());
+  const std::string private_name = appender.current_name();
+  EXPECT_NE(private_name, SpoolCurrentName(uid));
+  const auto parsed = ParseSpoolName(private_name);
+  ASSERT_TRUE(parsed) << private_name;
+  EXPECT_TRUE(parsed->current);
+  EXPECT_EQ(parsed->segment_id, appender.segment_id()) << "name and header carry one id";
+  EXPECT_EQ(ReadFile(dir.File(private_name)).posts.size(), 2u);
+
+  // The daemon takes the private segment away: the next append makes a new
+  // private segment, since the FIFO is still there.
+  const std::string sealed = SpoolSealedName(uid, parsed->segment_id);
+  ASSERT_EQ(::renameat(dir.fd(), private_name.c_str(), dir.fd(), sealed.c_str()), 0);
+  ASSERT_TRUE(appender.Append(Framed(NumberedPost(1, 3)), In(1s)).ok());
+  EXPECT_NE(appender.current_name(), private_name);
+  const auto names = CurrentNames(dir, uid);
+  ASSERT_EQ(names.size(), 2u);  // the FIFO and the new private segment
+  const auto current = ReadFile(dir.File(appender.current_name()));
+  ASSERT_EQ(current.posts.size(), 1u);
+  EXPECT_EQ(current.posts[0].id, (PostId{1, 3}));
+  EXPECT_EQ(ReadFile(dir.File(sealed)).posts.size(), 2u);
+}
+
+TEST(SegmentAppender, ASymlinkOrDirectoryUnderTheCurrentNameIsNeverFollowed) {
+  for (const bool symlink : {true, false}) {
+    SCOPED_TRACE(symlink ? "symlink" : "directory");
+    TempDir dir;
+    TempDir elsewhere;
+    const uid_t uid = ::geteuid();
+    const std::string target = elsewhere.File("target");
+    std::ofstream(target) << "untouched";
+    if (symlink) {
+      ASSERT_EQ(::symlinkat(target.c_str(), dir.fd(), SpoolCurrentName(uid).c_str()), 0);
+    } else {
+      ASSERT_EQ(::mkdirat(dir.fd(), SpoolCurrentName(uid).c_str(), 0700), 0);
+    }
+    SegmentAppender appender(dir.fd(), uid, {});
+    ASSERT_TRUE(appender.Append(Framed(NumberedPost(1, 1)), In(1s)).ok());
+    EXPECT_NE(appender.current_name(), SpoolCurrentName(uid));
+    EXPECT_EQ(ReadFile(dir.File(appender.current_name())).posts.size(), 1u);
+    std::ifstream in(target);
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "untouched");
+    if (!symlink) ::unlinkat(dir.fd(), SpoolCurrentName(uid).c_str(), AT_REMOVEDIR);
+  }
+}
+
+TEST(SegmentAppender, AHardLinkUnderTheCurrentNameIsNotWrittenThrough) {
+  TempDir dir;
+  const uid_t uid = ::geteuid();
+  // A segment of ours, linked under the current name by someone else.
+  UniqueFd own;
+  ASSERT_TRUE(CreateSegment(dir.fd(), "other-name", NewHeader(7), 0600, false, &own).ok());
+  ASSERT_EQ(::linkat(dir.fd(), "other-name", dir.fd(), SpoolCurrentName(uid).c_str(), 0), 0);
+  SegmentAppender appender(dir.fd(), uid, {});
+  ASSERT_TRUE(appender.Append(Framed(NumberedPost(1, 1)), In(1s)).ok());
+  EXPECT_NE(appender.current_name(), SpoolCurrentName(uid));
+  struct stat st;
+  ASSERT_EQ(::fstat(own.get(), &st), 0);
+  EXPECT_EQ(st.st_size, static_cast<off_t>(kHeaderBytes)) << "nothing written through the link";
+  EXPECT_EQ(ReadFile(dir.File(appender.current_name())).posts.size(), 1u);
+}
+
+TEST(SegmentAppender, AHardLinkMadeAfterTheOpenMovesTheNextAppendToANewSegment) {
+  TempDir dir;
+  const uid_t uid = ::geteuid();
+  SegmentAppender appender(dir.fd(), uid, {});
+  ASSERT_TRUE(appender.Append(Framed(NumberedPost(1, 1)), In(1s)).ok());
+  ASSERT_EQ(appender.current_name(), SpoolCurrentName(uid));
+  ASSERT_EQ(::linkat(dir.fd(), SpoolCurrentName(uid).c_str(), dir.fd(), "stolen", 0), 0);
+  ASSERT_TRUE(appender.Append(Framed(NumberedPost(1, 2)), In(1s)).ok());
+  EXPECT_EQ(ReadFile(dir.File("stolen")).posts.size(), 1u) << "the linked file got no more";
+  EXPECT_NE(appender.current_name(), SpoolCurrentName(uid));
+  const auto current = ReadFile(dir.File(appender.current_name()));
+  ASSERT_EQ(current.posts.size(), 1u);
+  EXPECT_EQ(current.posts[0].id, (PostId{1, 2}));
+}
+
+TEST(CreateSegment, SyncsANewNameByTheFileWhenTheDirectoryIsOpenedOPath) {
+  TempDir dir;
+  UniqueFd path_fd(::open(dir.path().c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  ASSERT_TRUE(path_fd.valid());
+  EXPECT_EQ(NewNameSyncFor(path_fd.get()), NewNameSync::kFile);
+  EXPECT_EQ(NewNameSyncFor(dir.fd()), NewNameSync::kFileAndDirectory);
+}
+
+// Installs a seccomp filter that kills the process on syncfs(2). False if
+// the kernel (or a container's policy) does not allow one.
+bool KillOnSyncfs() {
+#if defined(__x86_64__)
+  constexpr uint32_t kArch = AUDIT_ARCH_X86_64;
+#elif defined(__aarch64__)
+  constexpr uint32_t kArch = AUDIT_ARCH_AARCH64;
+#else
+  return false;
+#endif
+  sock_filter filter[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kArch, 1, 0),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_syncfs, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  sock_fprog program{static_cast<unsigned short>(sizeof filter / sizeof filter[0]), filter};
+  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return false;
+  return ::syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &program) == 0;
+}
+
+TEST(SegmentAppender, SyncedAppendsThroughAnOPathDirectoryNeverCallSyncfs) {
+  TempDir dir;
+  // Probe first, so that a kernel without seccomp is a skip, not a failure.
+  const pid_t probe = Spawn([] { return KillOnSyncfs(); });
+  if (!WaitOk(probe)) GTEST_SKIP() << "seccomp filters are not available here";
+  const pid_t child = Spawn([&dir] {
+    if (!KillOnSyncfs()) return false;
+    // As the client library opens a spool directory users cannot list.
+    UniqueFd dirfd(::open(dir.path().c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    SegmentAppender::Options options;
+    options.sync = true;
+    options.segment_bytes_max = 4096;  // roll over too: new names, seals
+    SegmentAppender appender(dirfd.get(), ::geteuid(), options);
+    for (int i = 0; i < 40; ++i) {
+      if (!appender.Append(Framed(NumberedPost(1, static_cast<uint64_t>(i))), In(5s)).ok()) {
+        return false;
+      }
+    }
+    return true;
+  });
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_FALSE(WIFSIGNALED(status) && WTERMSIG(status) == SIGSYS) << "syncfs was called";
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  size_t posts = 0;
+  for (const std::string& name : dir.List()) posts += ReadFile(dir.File(name)).posts.size();
+  EXPECT_EQ(posts, 40u);
 }
 
 // The daemon's side of the protocol: rename the current segment away, then

@@ -1,6 +1,7 @@
 // The v03 encoding, checked against hand-written Sarracenia messages: every
 // expected string here is a literal, not the output of the code under test.
 #include "v03_encoder.h"
+#include "v03_fields.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -206,7 +207,9 @@ TEST(V03Encoder, ExtraKeysAndValuesAreJsonEscaped) {
 TEST(V03Encoder, ExtraWithAStandardFieldNameIsRejected) {
   for (const char* key : {"pubTime", "baseUrl", "relPath", "retrievePath", "fileOp", "identity",
                           "size", "mode", "mtime", "atime", "source", "integrity", "topic",
-                          "subtopic", "retPath", "parts", "blocks", "content", "contentType"}) {
+                          "subtopic", "retPath", "parts", "blocks", "content", "contentType",
+                          "from_cluster", "to_clusters", "rename", "report", "post_baseUrl",
+                          "new_dir", "_format", "_deleteOnPost"}) {
     PostData p = MinimalPost();
     p.extras = {{"fine", "1"}, {key, "x"}};
     Encoded out;
@@ -214,6 +217,23 @@ TEST(V03Encoder, ExtraWithAStandardFieldNameIsRejected) {
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << key;
     EXPECT_NE(s.message().find(key), std::string::npos) << s.message();
   }
+}
+
+TEST(V03Encoder, RefusesEveryNameOfTheSharedReservedList) {
+  for (const std::string_view key : kReservedFieldNames) {
+    PostData p = MinimalPost();
+    p.extras = {{std::string(key), "x"}};
+    Encoded out;
+    EXPECT_EQ(EncodeData(p, {}, &out).code(), StatusCode::kInvalidArgument) << key;
+  }
+}
+
+TEST(V03Encoder, HlinkAndRenameLoseTheirLeadingSlashLikeRelPath) {
+  PostData p = MinimalPost();
+  p.hlink = "/data/other.txt";
+  p.rename = "/data/old.txt";
+  EXPECT_EQ(Body(p),
+            MinimalBodyWith(R"(, "fileOp": {"hlink": "data/other.txt", "rename": "data/old.txt"})"));
 }
 
 TEST(V03Encoder, ExtraKeysAreCaseSensitiveWhenCheckedAgainstStandardNames) {

@@ -63,7 +63,8 @@ struct postspool_options {
   const char *spool_dir;     /* default $POSTSPOOL_SPOOL_DIR or /var/spool/postspool/incoming */
   uint32_t budget_ms;        /* whole post call; default $POSTSPOOL_BUDGET_MS or 5 */
   uint32_t socket_share_pct; /* share of the budget the socket may use before the spool; default 60 */
-  int sync_spool;            /* fdatasync spool appends (durability "synced"); default 0 */
+  int sync_spool;            /* fdatasync spool appends, fsync new segments (durability
+                                "synced"; never syncfs); default 0 */
   int log_stderr;            /* print one line per failed post to stderr; default 0 */
 };
 

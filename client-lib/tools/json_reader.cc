@@ -72,7 +72,14 @@ class Parser {
   }
 
   bool ParseLiteral(std::string_view word) {
-    if (text_.substr(pos_, word.size()) != word) return Expected("'" + std::string(word) + "'");
+    if (text_.substr(pos_, word.size()) != word) {
+      // Appended piece by piece: GCC 12 at -O3 reports a false -Wrestrict
+      // overlap for "'" + std::string(...) (GCC bug 105329).
+      std::string quoted = "'";
+      quoted.append(word);
+      quoted += '\'';
+      return Expected(quoted);
+    }
     pos_ += word.size();
     return true;
   }

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -350,6 +351,31 @@ bool FillFromFile(const std::string& path, PostFields* f, std::string* error) {
   f->identity_method = POSTSPOOL_IDENTITY_SHA512;
   f->identity_value.assign(reinterpret_cast<const char*>(digest.data()), digest.size());
   return true;
+}
+
+std::string RelPathOfFile(std::string_view path, std::string_view cwd) {
+  std::vector<std::string_view> components;
+  const auto add = [&](std::string_view p) {
+    while (!p.empty()) {
+      const size_t slash = std::min(p.find('/'), p.size());
+      const std::string_view c = p.substr(0, slash);
+      p.remove_prefix(std::min(slash + 1, p.size()));
+      if (c.empty() || c == ".") continue;
+      if (c == "..") {
+        if (!components.empty()) components.pop_back();
+        continue;
+      }
+      components.push_back(c);
+    }
+  };
+  if (!path.starts_with('/')) add(cwd);
+  add(path);
+  std::string out;
+  for (const std::string_view c : components) {
+    if (!out.empty()) out += '/';
+    out += c;
+  }
+  return out;
 }
 
 bool PostFieldsFromJson(const JsonValue& object, PostFields* f, std::string* error) {

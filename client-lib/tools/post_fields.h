@@ -54,6 +54,16 @@ bool ParseV03Time(std::string_view text, int64_t* unix_ns);
 // checksum; a directory gives fileOp directory).
 bool FillFromFile(const std::string& path, PostFields* fields, std::string* error);
 
+// The relPath that `postspool post --file PATH` gives a file: PATH made
+// absolute against `cwd` (an absolute directory) and normalised lexically,
+// as `realpath --no-symlinks` does ("." and empty components dropped, ".."
+// removes the component before it and stays at "/" at the top), then
+// without its leading '/' (Sarracenia's relPath for base URL file:/). So
+// "../../x/f.txt" run in /home/u/work gives "home/x/f.txt". Symbolic links
+// are not resolved: the path posted is the one the file was given under.
+// Empty for "/" itself.
+std::string RelPathOfFile(std::string_view path, std::string_view cwd);
+
 // A post from one JSON object with v03 keys: relPath, baseUrl, retrievePath,
 // fileOp {link, hlink, rename, remove, directory}, identity {method, value
 // (base64 for sha512 and md5)}, size, mode (octal string), mtime and atime

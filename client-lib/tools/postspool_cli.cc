@@ -44,7 +44,9 @@ constexpr char kPostUsage[] =
     "\n"
     "Field options (Sarracenia v03 names in brackets):\n"
     "  --rel-path PATH        path relative to the base URL [relPath]; with --file,\n"
-    "                         defaults to the file's absolute path without the leading /\n"
+    "                         defaults to the file's absolute path, normalised (., ..\n"
+    "                         and // resolved without following links), without the\n"
+    "                         leading /\n"
     "  --base-url URL         e.g. file:/ or sftp://host/ [baseUrl]; default: the daemon's\n"
     "  --retrieve-path PATH   where to fetch the file from [retrievePath]\n"
     "  --rename OLD           the name the file had before [fileOp.rename]\n"
@@ -228,19 +230,13 @@ void Overlay(const PostFields& explicit_fields, PostFields* f) {
   for (const auto& e : explicit_fields.extras) f->extras.push_back(e);
 }
 
-// The file's absolute path without its leading '/' (Sarracenia's relPath for
-// base URL file:/).
-std::string RelPathOfFile(const std::string& path) {
-  std::string absolute = path;
-  if (!path.starts_with('/')) {
-    std::string cwd(4096, '\0');
-    if (::getcwd(cwd.data(), cwd.size()) != nullptr) {
-      cwd.resize(std::strlen(cwd.c_str()));
-      absolute = cwd + "/" + path;
-    }
-  }
-  const size_t first = absolute.find_first_not_of('/');
-  return first == std::string::npos ? std::string() : absolute.substr(first);
+// The working directory, for making --file's path absolute; empty if it
+// cannot be had (deleted, or longer than PATH_MAX).
+std::string WorkingDirectory() {
+  std::string cwd(4096, '\0');
+  if (::getcwd(cwd.data(), cwd.size()) == nullptr) return {};
+  cwd.resize(std::strlen(cwd.c_str()));
+  return cwd;
 }
 
 // Posts one; prints its id, or the error. True if a transport took it.
@@ -354,7 +350,17 @@ int RunPost(int argc, char** argv) {
     if (args.file) {
       ok = postspool::cli::FillFromFile(*args.file, &fields, &error);
       if (!ok) std::fprintf(stderr, "postspool: %s\n", error.c_str());
-      if (!args.fields.rel_path) fields.rel_path = RelPathOfFile(*args.file);
+      if (ok && !args.fields.rel_path) {
+        const std::string cwd = args.file->starts_with('/') ? "/" : WorkingDirectory();
+        if (cwd.empty()) {
+          std::fprintf(stderr, "postspool: %s is relative and the working directory is "
+                               "unknown: give an absolute path or --rel-path\n",
+                       args.file->c_str());
+          ok = false;
+        } else {
+          fields.rel_path = postspool::cli::RelPathOfFile(*args.file, cwd);
+        }
+      }
     }
     if (ok) {
       Overlay(args.fields, &fields);

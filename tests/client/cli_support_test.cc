@@ -274,6 +274,17 @@ TEST(PostFieldsTest, JsonOfTheWrongShapeIsRefusedWithTheKeyNamed) {
   }
 }
 
+TEST(PostFieldsTest, RelPathOfFileIsTheLexicallyNormalisedAbsolutePath) {
+  EXPECT_EQ(RelPathOfFile("../../x/f.txt", "/home/u/work"), "home/x/f.txt");
+  EXPECT_EQ(RelPathOfFile("f.txt", "/home/u"), "home/u/f.txt");
+  EXPECT_EQ(RelPathOfFile("./a//b/./c", "/w"), "w/a/b/c");
+  EXPECT_EQ(RelPathOfFile("/data//obs/../x.h5", "/ignored"), "data/x.h5");
+  EXPECT_EQ(RelPathOfFile("../../../../etc/passwd", "/a"), "etc/passwd");  // stays at /
+  EXPECT_EQ(RelPathOfFile("dir/", "/w"), "w/dir");
+  EXPECT_EQ(RelPathOfFile("/", "/w"), "");
+  EXPECT_EQ(RelPathOfFile("..", "/"), "");
+}
+
 TEST(PostFieldsTest, FormatsIdsAsUuids) {
   const uint8_t id[16] = {0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0x4d, 0xef,
                           0x80, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0xff};

@@ -36,7 +36,9 @@ class CliTest : public ::testing::Test {
   std::string SpoolDir() const { return spool_.path(); }
 
   // Runs the tool with `args` and `input` on stdin; the output through files.
-  ToolRun Postspool(std::vector<std::string> args, const std::string& input = "") {
+  // In directory `cwd` when given.
+  ToolRun Postspool(std::vector<std::string> args, const std::string& input = "",
+                    const std::string& cwd = "") {
     const std::string in_path = dir_.File("stdin"), out_path = dir_.File("stdout"),
                       err_path = dir_.File("stderr");
     std::ofstream(in_path, std::ios::binary) << input;
@@ -50,6 +52,7 @@ class CliTest : public ::testing::Test {
       const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
       const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
       if (in < 0 || out < 0 || err < 0) ::_exit(126);
+      if (!cwd.empty() && ::chdir(cwd.c_str()) != 0) ::_exit(125);
       ::dup2(in, 0);
       ::dup2(out, 1);
       ::dup2(err, 2);
@@ -164,6 +167,57 @@ TEST_F(CliTest, FileFillsMetadataAndSha512) {
   // FIPS 180-2 example: SHA-512("abc").
   EXPECT_EQ(cli::Base64Encode(p.identity_value),
             "3a81oZNherrMQXNJriBBMRLm+k6JqX6iCp7u5ktV05ohkpkqJ0/BqDa6PCOj/uu9RU1EI2Q86A4qmslPpUyknw==");
+}
+
+TEST_F(CliTest, FileGivenWithDotDotComponentsPostsTheNormalisedAbsolutePath) {
+  const std::string sub = dir_.File("sub");
+  ASSERT_EQ(::mkdir(sub.c_str(), 0700), 0);
+  std::ofstream(dir_.File("data.txt")) << "abc";
+  // Relative to a working directory, and absolute with "." and "//".
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"../data.txt", sub}, {".//sub/./../data.txt", dir_.path()}, {sub + "/../data.txt", ""}};
+  for (const auto& [path, cwd] : cases) {
+    std::vector<std::string> args = {"post", "--file", path};
+    for (const std::string& a : Transport()) args.push_back(a);
+    const ToolRun r = Postspool(args, "", cwd);
+    ASSERT_EQ(r.exit_code, 0) << path << ": " << r.err;
+  }
+  const auto spooled = ReadSpool(SpoolDir());
+  ASSERT_EQ(spooled.size(), cases.size());
+  for (const PostData& p : spooled) EXPECT_EQ(p.rel_path, dir_.File("data.txt").substr(1));
+  ::rmdir(sub.c_str());
+}
+
+TEST_F(CliTest, RelPathThatIsNotNormalisedIsRefusedWithTheFieldNamed) {
+  for (const char* bad : {"a//b", "../etc/passwd", "a/./b", "a/"}) {
+    std::vector<std::string> args = {"post", "--rel-path", bad};
+    for (const std::string& a : Transport()) args.push_back(a);
+    const ToolRun r = Postspool(args);
+    EXPECT_EQ(r.exit_code, 1) << bad;
+    EXPECT_NE(r.err.find("rel_path"), std::string::npos) << r.err;
+  }
+  EXPECT_TRUE(ReadSpool(SpoolDir()).empty());
+}
+
+TEST_F(CliTest, JsonWithAReservedOrRepeatedNameOrANegativeSizeIsRefused) {
+  const std::string input =
+      "{\"relPath\": \"j/1\", \"integrity\": \"x\"}\n"
+      "{\"relPath\": \"j/2\", \"from_cluster\": \"x\"}\n"
+      "{\"relPath\": \"j/3\", \"size\": -1}\n"
+      "{\"relPath\": \"j/../4\"}\n"
+      "{\"relPath\": \"j/5\", \"fileOp\": {\"rename\": \"j//old\"}}\n"
+      "{\"relPath\": \"j/6\", \"flavour\": \"ok\"}\n";
+  std::vector<std::string> args = {"post", "--json"};
+  for (const std::string& a : Transport()) args.push_back(a);
+  const ToolRun r = Postspool(args, input);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(Lines(r.out).size(), 1u) << r.out;
+  for (const char* named : {"integrity", "from_cluster", "size", "rel_path", "rename"}) {
+    EXPECT_NE(r.err.find(named), std::string::npos) << named << " in " << r.err;
+  }
+  const auto spooled = ReadSpool(SpoolDir());
+  ASSERT_EQ(spooled.size(), 1u);
+  EXPECT_EQ(spooled[0].rel_path, "j/6");
 }
 
 TEST_F(CliTest, FileThatIsASymlinkPostsItsTargetWithoutChecksum) {

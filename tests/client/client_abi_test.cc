@@ -208,6 +208,8 @@ TEST(ClientAbiTest, InvalidPostsAreRefusedAndNothingIsSent) {
   for (auto& e : too_many) e = {"k", "v"};
   static postspool_extra twice[2] = {{"k", "1"}, {"k", "2"}};
   static postspool_extra reserved[1] = {{"relPath", "x"}};
+  static postspool_extra reserved_cluster[1] = {{"from_cluster", "x"}};
+  static postspool_extra private_name[1] = {{"_format", "x"}};
   static postspool_extra null_value[1] = {{"k", nullptr}};
   static postspool_extra empty_key[1] = {{"", "v"}};
   static postspool_extra long_extra[1] = {{"k", long_value.c_str()}};
@@ -280,6 +282,28 @@ TEST(ClientAbiTest, InvalidPostsAreRefusedAndNothingIsSent) {
          p->extras_count = 1;
        },
        POSTSPOOL_EINVAL, "\"relPath\" is a standard v03 field name"},
+      {"reserved cluster extra",
+       [](auto* p) {
+         p->extras = reserved_cluster;
+         p->extras_count = 1;
+       },
+       POSTSPOOL_EINVAL, "\"from_cluster\" is a standard v03 field name"},
+      {"sarracenia private extra",
+       [](auto* p) {
+         p->extras = private_name;
+         p->extras_count = 1;
+       },
+       POSTSPOOL_EINVAL, "\"_format\" is a standard v03 field name"},
+      {"rel_path with ..", [](auto* p) { p->rel_path = "data/../../etc/passwd"; },
+       POSTSPOOL_EINVAL, "rel_path is not normalised"},
+      {"rel_path with //", [](auto* p) { p->rel_path = "data//x"; }, POSTSPOOL_EINVAL,
+       "rel_path is not normalised"},
+      {"rel_path ending in /", [](auto* p) { p->rel_path = "data/"; }, POSTSPOOL_EINVAL,
+       "rel_path is not normalised"},
+      {"hlink with ..", [](auto* p) { p->hlink = "../x"; }, POSTSPOOL_EINVAL,
+       "hlink is not normalised"},
+      {"rename with .", [](auto* p) { p->rename = "./x"; }, POSTSPOOL_EINVAL,
+       "rename is not normalised"},
       {"null extra value",
        [](auto* p) {
          p->extras = null_value;

@@ -118,7 +118,11 @@ TEST_F(ClientTest, PostGoesToTheSpoolWhenNoDaemonListens) {
 TEST_F(ClientTest, SpoolKeepsThePostsOfOneProcessInOrder) {
   ScopedClient client(SocketPath(), SpoolDir());
   std::vector<std::string> paths;
-  for (int i = 0; i < 50; ++i) paths.push_back("f" + std::to_string(i));
+  for (int i = 0; i < 50; ++i) {
+    std::string path = "f";  // not "f" + ...: GCC 12's false -Wrestrict at -O3 (bug 105329)
+    path += std::to_string(i);
+    paths.push_back(path);
+  }
   for (const std::string& p : paths) {
     struct postspool_post post = SimplePost(p.c_str());
     ASSERT_EQ(postspool_post(client.get(), &post, nullptr), POSTSPOOL_OK);
@@ -533,7 +537,12 @@ TEST_F(ClientTest, ManyThreadsOnOneClientAreEachAckedOnce) {
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < kPostsPerThread; ++i) {
-        const std::string path = "t" + std::to_string(t) + "/" + std::to_string(i);
+        // Not "t" + std::to_string(t) + ...: a false -Wrestrict from GCC 12
+        // at -O3 (GCC bug 105329).
+        std::string path = "t";
+        path += std::to_string(t);
+        path += '/';
+        path += std::to_string(i);
         struct postspool_post post = SimplePost(path.c_str());
         postspool_post_result result;
         if (postspool_post(client.get(), &post, &result) != POSTSPOOL_OK ||

@@ -7,6 +7,7 @@
 #include "post.h"
 #include "status.h"
 #include "v03_encoder.h"
+#include "v03_fields.h"
 
 namespace postspool::fuzz {
 namespace {
@@ -134,6 +135,21 @@ class JsonChecker {
   size_t pos_ = 0;
 };
 
+// An independent statement of the relPath form ValidatePost promises: after
+// at most one leading '/', '/'-separated components that are neither empty
+// nor "." nor "..".
+bool IsNormalisedRelPath(std::string_view path) {
+  if (path.starts_with('/')) path.remove_prefix(1);
+  if (path.empty()) return false;
+  for (;;) {
+    const size_t slash = path.find('/');
+    const std::string_view component = path.substr(0, slash);
+    if (component.empty() || component == "." || component == "..") return false;
+    if (slash == std::string_view::npos) return true;
+    path.remove_prefix(slash + 1);
+  }
+}
+
 void CheckEncoded(const v03::Encoded& out, std::string_view topic_prefix) {
   FUZZ_CHECK(out.routing_key.size() <= v03::kRoutingKeyBytesMax);
   FUZZ_CHECK(out.routing_key.starts_with(topic_prefix));
@@ -157,6 +173,21 @@ void CheckVerifiedPost(std::span<const std::byte> payload) {
   v03::Encoded fresh;
   const Status s = v03::Encode(post, options, &fresh);
   FUZZ_CHECK(s.ok() || s.code() == StatusCode::kInvalidArgument);
+
+  // What a post may say is decided once: a post that ValidatePost accepts
+  // (as the daemon journals it) is never refused by the encoder, and keeps
+  // the promises the validator makes to consumers.
+  if (ValidatePost(data).ok()) {
+    FUZZ_CHECK(s.ok());
+    FUZZ_CHECK(IsNormalisedRelPath(data.rel_path));
+    if (data.hlink) FUZZ_CHECK(IsNormalisedRelPath(*data.hlink));
+    if (data.rename) FUZZ_CHECK(IsNormalisedRelPath(*data.rename));
+    if (data.size) FUZZ_CHECK(*data.size >= 0);
+    for (size_t i = 0; i < data.extras.size(); ++i) {
+      FUZZ_CHECK(!v03::IsReservedFieldName(data.extras[i].first));
+      for (size_t j = 0; j < i; ++j) FUZZ_CHECK(data.extras[j].first != data.extras[i].first);
+    }
+  }
 
   // The encoder reuses its output strings: the previous input's leftovers
   // (up to the capacity) must not leak into this one.

@@ -13,6 +13,9 @@ namespace postspool::fuzz {
 // Runs ReadPost and v03::Encode over `payload` (which VerifyPostPayload
 // accepted and which is 8-byte aligned in memory) and traps unless:
 //  - Encode returns ok or kInvalidArgument;
+//  - a post that ValidatePost accepts is encoded (ok), and its rel_path,
+//    hlink and rename are normalised, its size is not negative and its
+//    extra keys are unique and not v03 field names;
 //  - on ok: the routing key is at most v03::kRoutingKeyBytesMax bytes and
 //    starts with the topic prefix; the body is pure ASCII and one
 //    well-formed JSON object;
