@@ -144,10 +144,11 @@ ChildAs::ChildAs(const TestUser& user, std::vector<int> keep, std::function<int(
   pid_ = ::fork();
   if (pid_ != 0) return;
   // The child. Renumber the descriptors it keeps to 3, 4, ...: first out of
-  // the way (above every one of them), then into place.
+  // the way (above every target number), then into place.
+  const int above = 3 + static_cast<int>(keep.size());
   std::vector<int> high;
   for (size_t i = 0; i < keep.size(); ++i) {
-    high.push_back(::fcntl(keep[i], F_DUPFD, 1000));
+    high.push_back(::fcntl(keep[i], F_DUPFD, above));
   }
   for (size_t i = 0; i < high.size(); ++i) ::dup2(high[i], 3 + static_cast<int>(i));
   ::close_range(3 + static_cast<unsigned>(high.size()), ~0U, 0);
