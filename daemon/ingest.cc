@@ -260,6 +260,10 @@ void Ingest::SendAck(int fd, uint32_t gen, const wire::Ack& ack) {
 
 void Ingest::FeedAdoption(Clock::time_point now) {
   if (stopping_ || now < adoption_resume_at_) return;
+  // A segment whose records this round's commit journaled is finished now,
+  // so that the next one is read in this round, not after the loop's idle
+  // timeout (which held adoption to one segment per kRoundTimeoutMs).
+  if (adopter_.AtEnd() && adopted_uncommitted_ == 0 && !write_in_flight_) adopter_.Finish();
   adopter_.NewRound();
   SpoolAdopter::Adopted a;
   while (filling_.records < config_.batch_records_max &&
