@@ -46,7 +46,7 @@ const char* AckStatusName(AckStatus status) {
   switch (status) {
     case AckStatus::kAccepted: return "accepted";
     case AckStatus::kMalformed: return "malformed request";
-    case AckStatus::kFull: return "daemon full (disk_bytes_max reached)";
+    case AckStatus::kFull: return "daemon full (disk_bytes_max, or this user's disk_bytes_per_uid_max, reached)";
     case AckStatus::kShuttingDown: return "daemon shutting down";
     case AckStatus::kUnavailable: return "daemon journal unavailable";
     case AckStatus::kBusy: return "daemon busy";
