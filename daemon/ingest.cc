@@ -377,7 +377,12 @@ void Ingest::ForgetConfirmed() {
   // Segments wholly before the watermark are confirmed: give their bytes
   // back to their uids' shares.
   const JournalPosition w = ports_.journal->watermark();
-  while (!segment_bytes_of_.empty() && segment_bytes_of_.begin()->first < w.segment_seq) {
+  // Everything journaled is confirmed: the segment being written too. Else
+  // a uid whose confirmed posts fill the current segment's share stays
+  // above its share until someone else's posts roll the segment over.
+  const bool all_confirmed = w >= ports_.journal->end();
+  while (!segment_bytes_of_.empty() &&
+         (all_confirmed || segment_bytes_of_.begin()->first < w.segment_seq)) {
     for (const auto& [uid, bytes] : segment_bytes_of_.begin()->second) {
       auto it = journal_bytes_of_.find(uid);
       if (it == journal_bytes_of_.end()) continue;
