@@ -205,7 +205,7 @@ int64_t SimFs::Write(Actor actor, Ino ino, uint64_t offset, std::span<const std:
   return static_cast<int64_t>(bytes.size());
 }
 
-int SimFs::Sync(Actor actor, Ino ino) {
+int SimFs::Sync(Actor actor, Ino ino, uint32_t* seen) {
   Inode* in = Get(ino);
   assert(in != nullptr);
   bool lands;
@@ -215,6 +215,8 @@ int SimFs::Sync(Actor actor, Ino ino) {
     // As Linux: the pages are marked clean; what they held never reaches
     // the disk, and the next fdatasync does not report it again.
     in->pending.clear();
+    ++in->wb_err;
+    if (seen != nullptr) *seen = in->wb_err;
     return EIO;
   }
   for (const PendingWrite& w : in->pending) {
@@ -222,6 +224,10 @@ int SimFs::Sync(Actor actor, Ino ino) {
     std::memcpy(in->durable.data() + w.offset, w.bytes.data(), w.bytes.size());
   }
   in->pending.clear();
+  if (seen != nullptr && *seen != in->wb_err) {
+    *seen = in->wb_err;
+    return EIO;
+  }
   return dies ? EIO : 0;
 }
 

@@ -84,6 +84,7 @@ class SimFs {
     uint32_t links = 0;         // entries naming it in the (page-cache) directories
     uint32_t refs = 0;          // open descriptors
     uint32_t shared_locks = 0;  // flock(LOCK_SH) holders
+    uint32_t wb_err = 0;        // writeback errors so far (Linux's errseq_t)
     uint64_t allocated() const { return (data.size() + kBlockBytes - 1) / kBlockBytes * kBlockBytes; }
   };
 
@@ -122,7 +123,11 @@ class SimFs {
 
   // File operations. Write returns the bytes written or -errno.
   int64_t Write(Actor actor, Ino ino, uint64_t offset, std::span<const std::byte> bytes);
-  int Sync(Actor actor, Ino ino);
+  // fdatasync through a descriptor that last saw `*seen` writeback errors
+  // (null: one opened just now). As Linux (errseq_t, 4.13 and later): a
+  // failed writeback is reported once to every descriptor open at the
+  // time, whoever made the write.
+  int Sync(Actor actor, Ino ino, uint32_t* seen = nullptr);
   // A read of `ino` fails with EIO (0: it works; the caller reads data).
   int ReadFault(Actor actor);
 

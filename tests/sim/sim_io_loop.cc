@@ -72,7 +72,7 @@ void SimIoLoop::SubmitWrite(int fd, const std::byte* data, size_t bytes, uint64_
   const SimNode::FdEntry* e = node_->Fd(fd);
   assert(e != nullptr && e->kind == SimNode::FdEntry::kFile);
   ++work_.writes;
-  io_.push_back(Io{false, e->ino, data, bytes, offset, cookie,
+  io_.push_back(Io{false, fd, e->ino, data, bytes, offset, cookie,
                    round_ + 1 + rng_.Below(options_.io_delay_rounds_max + 1)});
 }
 
@@ -80,7 +80,7 @@ void SimIoLoop::SubmitSync(int fd, uint64_t cookie) {
   const SimNode::FdEntry* e = node_->Fd(fd);
   assert(e != nullptr && e->kind == SimNode::FdEntry::kFile);
   ++work_.syncs;
-  io_.push_back(Io{true, e->ino, nullptr, 0, 0, cookie,
+  io_.push_back(Io{true, fd, e->ino, nullptr, 0, 0, cookie,
                    round_ + 1 + rng_.Below(options_.io_delay_rounds_max + 1)});
 }
 
@@ -160,7 +160,8 @@ Status SimIoLoop::RunOnce(int timeout_ms) {
     }
     int64_t result;
     if (io.sync) {
-      result = -fs.Sync(Actor::kDaemon, io.ino);
+      SimNode::FdEntry* e = node_->MutableFd(io.fd);
+      result = -fs.Sync(Actor::kDaemon, io.ino, e != nullptr ? &e->wb_err_seen : nullptr);
     } else {
       result = fs.Write(Actor::kDaemon, io.ino, io.offset, std::span(io.data, io.bytes));
     }

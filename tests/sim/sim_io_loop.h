@@ -60,6 +60,7 @@ class SimIoLoop final : public daemon::IoLoop {
  private:
   struct Io {
     bool sync = false;
+    int fd = -1;
     SimFs::Ino ino = 0;
     const std::byte* data = nullptr;
     size_t bytes = 0;

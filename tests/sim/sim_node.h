@@ -66,12 +66,16 @@ class SimNode {
     enum Kind { kSocket, kFile, kListen } kind = kFile;
     uint64_t socket = 0;  // kSocket
     SimFs::Ino ino = 0;   // kFile
+    uint32_t wb_err_seen = 0;  // kFile: writeback errors reported to it
   };
   int AllocFd(FdEntry e) {
     int fd = 3;
     while (fds_.count(fd) != 0) ++fd;  // the lowest free, as the kernel does
+    if (e.kind == FdEntry::kFile) {
+      fs.Ref(e.ino);
+      e.wb_err_seen = fs.Get(e.ino)->wb_err;
+    }
     fds_[fd] = e;
-    if (e.kind == FdEntry::kFile) fs.Ref(e.ino);
     return fd;
   }
   void CloseFd(int fd) {
@@ -81,6 +85,10 @@ class SimNode {
     fds_.erase(it);
   }
   const FdEntry* Fd(int fd) const {
+    auto it = fds_.find(fd);
+    return it == fds_.end() ? nullptr : &it->second;
+  }
+  FdEntry* MutableFd(int fd) {
     auto it = fds_.find(fd);
     return it == fds_.end() ? nullptr : &it->second;
   }

@@ -47,6 +47,7 @@ class SimSpoolFile final : public daemon::SpoolFile {
   SimSpoolFile(SimNode* node, SimFs::Ino ino, daemon::SpoolEntry entry, SpoolWork* work)
       : node_(node), ino_(ino), entry_(std::move(entry)), work_(work) {
     node_->fs.Ref(ino_);
+    wb_err_seen_ = node_->fs.Get(ino_)->wb_err;
   }
   ~SimSpoolFile() override {
     source_.reset();
@@ -76,7 +77,7 @@ class SimSpoolFile final : public daemon::SpoolFile {
                    : Status(StatusCode::kIoError, "short write sealing segment");
     }
     if (sync) {
-      if (int err = fs.Sync(Actor::kDaemon, ino_); err != 0) {
+      if (int err = fs.Sync(Actor::kDaemon, ino_, &wb_err_seen_); err != 0) {
         return Status::FromErrno(err, "sync sealed segment");
       }
     }
@@ -93,6 +94,7 @@ class SimSpoolFile final : public daemon::SpoolFile {
   daemon::SpoolEntry entry_;
   SpoolWork* work_;
   std::unique_ptr<SimFileSource> source_;
+  uint32_t wb_err_seen_ = 0;
 };
 
 }  // namespace
@@ -289,6 +291,7 @@ Status SimSpoolWriter::OpenCurrent() {
     if (s.ok() && !header.sealed()) {
       ino_ = ino;
       fs.Ref(ino_);
+      wb_err_seen_ = in->wb_err;
       open_ = true;
       open_segment_id_ = header.segment_id;
       return Status::Ok();
@@ -393,7 +396,9 @@ Status SimSpoolWriter::Commit(std::span<const std::byte> records) {
   } else if (static_cast<size_t>(w) != records.size()) {
     s = Status(StatusCode::kNoSpace, "short write to segment");
   } else if (options_.sync) {
-    if (int err = fs.Sync(Actor::kClient, ino_); err != 0) s = Status::FromErrno(err, "sync segment");
+    if (int err = fs.Sync(Actor::kClient, ino_, &wb_err_seen_); err != 0) {
+      s = Status::FromErrno(err, "sync segment");
+    }
   }
   --fs.Get(ino_)->shared_locks;
   locked_ = false;

@@ -108,6 +108,7 @@ class SimSpoolWriter {
   bool open_ = false;
   bool locked_ = false;
   SimFs::Ino ino_ = 0;
+  uint32_t wb_err_seen_ = 0;
   uint64_t open_segment_id_ = 0;
 };
 

@@ -271,6 +271,11 @@ std::vector<std::byte> Client::MakeRecords(uint32_t n, bool invalid) {
 }
 
 void Client::Acknowledge(bool via_spool) {
+  if (w_->node_.trace) {
+    w_->Trace("client %u acknowledged %zu posts from %" PRIu64 " via %s (ino %" PRIu64 ")", index_,
+              posts_.size(), posts_.empty() ? 0 : posts_.front().lo, via_spool ? "spool" : "socket",
+              via_spool ? spool_->ino() : 0);
+  }
   for (const PostId& id : posts_) {
     PostInfo& p = w_->posts_[id];
     p.acknowledged = true;
@@ -869,6 +874,12 @@ std::string World::Locate(PostId id) {
            std::to_string(dp_->forwarder->watermark().offset) + " committed " +
            std::to_string(dp_->commits.end.segment_seq) + ":" +
            std::to_string(dp_->commits.end.offset);
+    auto it = posts_.find(id);
+    if (it != posts_.end()) {
+      out += " uid " + std::to_string(it->second.uid) + " bytes " +
+             std::to_string(dp_->ingest->UidBytes(it->second.uid)) + " disk bytes " +
+             std::to_string(dp_->ingest->DiskBytes());
+    }
   }
   auto l = broker_.ledger().find(id);
   if (l != broker_.ledger().end()) {
