@@ -734,6 +734,7 @@ void World::StartDaemon() {
     for (size_t i = first; i < seqs.size(); ++i) {
       SimFs::Ino ino;
       if (!fs.Lookup(kJournalDir, daemon::JournalSegmentName(seqs[i]), &ino)) continue;
+      if (fs.Sync(Actor::kDaemon, ino) != 0) continue;  // as daemon.cc: fdatasync first
       ReadRecords(fs.Get(ino)->data, 0, [&](const fb::Post& p, uint64_t) {
         dp->ingest->RememberJournaled(PostId{p.id()->hi(), p.id()->lo()});
       });
