@@ -37,7 +37,13 @@ Ingest::Ingest(const Config& config, Metrics* metrics, Ports ports, std::string 
       recent_ids_(config.dedupe_window_posts, dedupe_key),
       hostname_(std::move(hostname)),
       adoption_backoff_(kAdoptionRetryInitialMs, kAdoptionRetryMaxMs, seed) {
-  adopter_.set_uid_admission([this](uid_t uid) { return UidBytes(uid) <= config_.disk_bytes_per_uid_max; });
+  // Adoption moves a uid's posts from its spool segments into the journal
+  // (and deletes the segments): its spool bytes must not hold its own
+  // adoption back, or a uid whose spool alone exceeds its share waits
+  // forever. Its unconfirmed journal bytes do.
+  adopter_.set_uid_admission([this](uid_t uid) {
+    return UidBytes(uid) - adopter_.spool_bytes_of(uid) <= config_.disk_bytes_per_uid_max;
+  });
 }
 
 void Ingest::LogLimited(LogLimiter* limiter, LogLevel level, const char* format, ...) {
