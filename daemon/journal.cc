@@ -106,6 +106,10 @@ Status JournalWriter::Open(const Options& options, JournalUsage* usage,
 
 Status JournalWriter::StartSegment() {
   const uint64_t seq = next_seq_;
+  // A failed attempt may leave its name behind (the link worked, syncing the
+  // directory did not): the next attempt takes the next number, or it would
+  // fail with kAlreadyExists forever. Readers skip the gap.
+  next_seq_ = seq + 1;
   UniqueFd fd;
   // The journal is the daemon's: 0600. The name never shows a partial
   // header; with `sync` the header and the directory entry also survive a
@@ -119,7 +123,6 @@ Status JournalWriter::StartSegment() {
   // can write them; the descriptor must not be O_APPEND.
   if (::fcntl(fd.get(), F_SETFL, 0) != 0) return Status::FromErrno(errno, "fcntl journal");
   fd_ = std::move(fd);
-  next_seq_ = seq + 1;
   end_ = JournalPosition{seq, segment::kHeaderBytes};
   usage_->bytes.fetch_add(segment::kHeaderBytes);
   return Status::Ok();

@@ -69,6 +69,7 @@ void SimJournal::CloseFd() {
 Status SimJournal::StartSegment() {
   SimFs& fs = node_->fs;
   const uint64_t seq = next_seq_;
+  next_seq_ = seq + 1;  // as JournalWriter::StartSegment
   const std::string name = daemon::JournalSegmentName(seq);
   segment::Header h;
   h.segment_id = seq;
@@ -109,7 +110,6 @@ Status SimJournal::StartSegment() {
   }
   CloseFd();
   fd_ = fd;
-  next_seq_ = seq + 1;
   end_ = JournalPosition{seq, segment::kHeaderBytes};
   usage_->bytes.fetch_add(segment::kHeaderBytes);
   return Status::Ok();
