@@ -41,7 +41,7 @@ void FakeBroker::Disconnect() {
   pending_.clear();
 }
 
-bool FakeBroker::Publish(PostId id, Clock::time_point now) {
+bool FakeBroker::Publish(PostId id, JournalPosition pos, Clock::time_point now) {
   assert(connected_);
   if (broken_) return false;
   Pending p{next_tag_++, id, true, false, now + milliseconds(rng_.Below(4))};
@@ -58,12 +58,18 @@ bool FakeBroker::Publish(PostId id, Clock::time_point now) {
   }
   if (p.ack && !p.returned) {
     Ledger& l = ledger_[id];
+    const bool again = std::find(l.positions.begin(), l.positions.end(), pos) != l.positions.end();
     if (l.enqueued == 0) {
       l.first_epoch = epoch_;
     } else {
       ++dups_total_;
-      if (l.first_epoch < epoch_) ++cross_dups_[epoch_];
+      if (l.first_epoch < epoch_ && l.counted_epoch < epoch_) {
+        l.counted_epoch = epoch_;
+        ++cross_dups_[epoch_];
+        if (!again) ++cross_twice_[epoch_];
+      }
     }
+    if (!again && l.positions.size() < 8) l.positions.push_back(pos);
     ++l.enqueued;
     ++enqueued_total_;
   }
@@ -309,7 +315,7 @@ bool SimForwarder::PublishNew(const daemon::JournalReader::Entry& entry, Clock::
     return true;
   }
   if (on_publish_) on_publish_(post);
-  if (!broker_->Publish(id, now)) return false;
+  if (!broker_->Publish(id, entry.position, now)) return false;
   window_->OnPublished(entry.position, entry.next, id);
   *published = true;
   return true;
@@ -330,7 +336,7 @@ bool SimForwarder::Republish(const daemon::PublishWindow::Due& due, Clock::time_
     return true;
   }
   if (on_publish_) on_publish_(PostFromPayload(entry.payload));
-  if (!broker_->Publish(due.id, now)) return false;
+  if (!broker_->Publish(due.id, due.position, now)) return false;
   window_->OnRepublished(due.handle);
   return true;
 }
@@ -341,7 +347,10 @@ void SimForwarder::MaybeCheckpoint(Clock::time_point now, bool force) {
   if (w == stored_checkpoint_) return;
   if (!force && now < next_checkpoint_at_) return;
   next_checkpoint_at_ = now + milliseconds(config_.checkpoint_interval_ms);
-  if (!StoreCheckpoint(&node_->fs, w).ok()) return;
+  if (Status s = StoreCheckpoint(&node_->fs, w); !s.ok()) {
+    node_->Trace("forwarder: cannot store the checkpoint: " + s.ToString());
+    return;
+  }
   stored_checkpoint_ = w;
   int deleted = 0;
   (void)DeleteConfirmedSegments(&node_->fs, w, usage_, &deleted);

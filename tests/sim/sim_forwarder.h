@@ -57,8 +57,10 @@ class FakeBroker {
   struct Ledger {
     uint32_t enqueued = 0;
     uint32_t first_epoch = 0;  // the crash epoch of the first enqueue
+    uint32_t counted_epoch = 0;  // the last epoch that counted it as a duplicate of a crash
     bool confirmed = false;    // an ack of a routed publication reached the forwarder
     bool dropped = false;      // returned, then acked under unroutable_policy = drop
+    std::vector<JournalPosition> positions;  // the journal records it was enqueued from
   };
 
   FakeBroker(SimRng rng, SimStats* stats) : rng_(rng), stats_(stats) {}
@@ -73,8 +75,8 @@ class FakeBroker {
   // The forwarder closes (or dies): unconfirmed tags are void.
   void Disconnect();
   bool connected() const { return connected_; }
-  // basic.publish; false if the connection is gone.
-  bool Publish(PostId id, Clock::time_point now);
+  // basic.publish of the record at `pos`; false if the connection is gone.
+  bool Publish(PostId id, JournalPosition pos, Clock::time_point now);
   // Delivers the confirms and notices due at `now`; false if the connection
   // is gone.
   bool ReadFrames(Clock::time_point now, Handler* h);
@@ -82,8 +84,13 @@ class FakeBroker {
   void Step(Clock::time_point now);
 
   const std::map<PostId, Ledger>& ledger() const { return ledger_; }
-  // Enqueues of ids already enqueued in an earlier epoch, per epoch.
+  // Posts enqueued before a crash and again after it, per epoch (each post
+  // once per epoch, however often disconnects republish it): all,
+  // and those of a second journal record of the post (it was journaled
+  // twice: socket and spool, or a spool segment adopted twice); the rest
+  // republish a record the broker had (the checkpoint was behind).
   const std::map<uint32_t, uint64_t>& cross_epoch_duplicates() const { return cross_dups_; }
+  const std::map<uint32_t, uint64_t>& cross_epoch_journaled_twice() const { return cross_twice_; }
   uint64_t enqueued_total() const { return enqueued_total_; }
   uint64_t duplicates_total() const { return dups_total_; }
 
@@ -110,6 +117,7 @@ class FakeBroker {
   std::vector<Pending> pending_;  // by tag
   std::map<PostId, Ledger> ledger_;
   std::map<uint32_t, uint64_t> cross_dups_;
+  std::map<uint32_t, uint64_t> cross_twice_;
   uint64_t enqueued_total_ = 0;
   uint64_t dups_total_ = 0;
 

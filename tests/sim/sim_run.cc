@@ -3,6 +3,8 @@
 //   sim_run --seed S [--verbose]    one seed, with its events on stderr
 //   --checkpoint-every-move         store the checkpoint at every watermark
 //                                   move (measures the coming forwarder)
+//   --no-disk-full                  no full-disk periods (they stop the
+//                                   checkpoint, which needs a new file)
 // Exit status 1 if any seed failed an invariant other than the duplicate
 // bound, 2 if only the duplicate bound failed.
 #include <chrono>
@@ -20,6 +22,7 @@ int main(int argc, char** argv) {
   uint64_t count = 100;
   bool every_move = false;
   bool verbose = false;
+  bool no_disk_full = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> uint64_t {
@@ -38,12 +41,14 @@ int main(int argc, char** argv) {
       first = value();
     } else if (a == "--checkpoint-every-move") {
       every_move = true;
+    } else if (a == "--no-disk-full") {
+      no_disk_full = true;
     } else if (a == "--verbose") {
       verbose = true;
     } else {
       std::fprintf(stderr,
                    "usage: %s [--seeds N [--first S] | --seed S] [--checkpoint-every-move] "
-                   "[--verbose]\n",
+                   "[--no-disk-full] [--verbose]\n",
                    argv[0]);
       return 64;
     }
@@ -57,6 +62,7 @@ int main(int argc, char** argv) {
     o.seed = s;
     o.checkpoint_every_move = every_move;
     o.verbose = verbose;
+    o.no_disk_full = no_disk_full;
     results.push_back(postspool::sim::RunSimulation(o));
     const auto& r = results.back();
     if (!r.ok()) {

@@ -31,6 +31,8 @@ struct SimStats {
   // Per crash: broker enqueues, after the restart, of posts already enqueued
   // before the crash.
   std::vector<uint64_t> duplicates_per_crash;
+  // Of those, the ones from a second journal record of the post.
+  std::vector<uint64_t> journaled_twice_per_crash;
   uint64_t duplicates_total = 0;  // every enqueue beyond the first of an id
 
   void Fault(const std::string& kind, uint64_t n = 1) { faults[kind] += n; }
@@ -55,6 +57,9 @@ inline void SimStats::Merge(const SimStats& o) {
   broker_enqueued += o.broker_enqueued;
   duplicates_per_crash.insert(duplicates_per_crash.end(), o.duplicates_per_crash.begin(),
                               o.duplicates_per_crash.end());
+  journaled_twice_per_crash.insert(journaled_twice_per_crash.end(),
+                                   o.journaled_twice_per_crash.begin(),
+                                   o.journaled_twice_per_crash.end());
   duplicates_total += o.duplicates_total;
 }
 

@@ -996,7 +996,7 @@ void World::Round(bool producing) {
   node_.fs.set_wall_seconds(node_.clock.WallSeconds());
   ++stats_.rounds;
   if (faults_on_) {
-    if (now >= full_until_ && rng_.Ppm(disk_full_per_round_ppm_)) {
+    if (now >= full_until_ && rng_.Ppm(disk_full_per_round_ppm_) && !options_.no_disk_full) {
       stats_.Fault("fs.disk_full_period");
       full_until_ = now + milliseconds(rng_.Range(10, 2000));
     }
@@ -1109,10 +1109,16 @@ SimResult World::Run() {
     auto it = broker_.cross_epoch_duplicates().find(e);
     const uint64_t d = it == broker_.cross_epoch_duplicates().end() ? 0 : it->second;
     stats_.duplicates_per_crash.push_back(d);
+    auto t = broker_.cross_epoch_journaled_twice().find(e);
+    const uint64_t twice = t == broker_.cross_epoch_journaled_twice().end() ? 0 : t->second;
+    stats_.journaled_twice_per_crash.push_back(twice);
     if (d > config_.publish_window_max) {
-      Fail(kDuplicatesInvariant, "restart " + std::to_string(e) + " caused " + std::to_string(d) +
-                                     " duplicates; publish_window_max is " +
-                                     std::to_string(config_.publish_window_max));
+      Fail(kDuplicatesInvariant,
+           "restart " + std::to_string(e) + " caused " + std::to_string(d) + " duplicates (" +
+               std::to_string(d - twice) + " records republished, " + std::to_string(twice) +
+               " posts journaled twice); publish_window_max is " +
+               std::to_string(config_.publish_window_max) +
+               (config_.dedupe_window_posts == 0 ? "; dedupe_window_posts is 0" : ""));
     }
   }
   stats_.virtual_ms = static_cast<uint64_t>(
@@ -1142,6 +1148,15 @@ std::string Summarize(const std::vector<SimResult>& results) {
     dup_sum += d;
   }
   const size_t restarts = total.duplicates_per_crash.size();
+  uint64_t twice_max = 0;
+  uint64_t twice_sum = 0;
+  uint64_t republished_max = 0;
+  for (size_t i = 0; i < total.journaled_twice_per_crash.size(); ++i) {
+    twice_max = std::max(twice_max, total.journaled_twice_per_crash[i]);
+    twice_sum += total.journaled_twice_per_crash[i];
+    republished_max = std::max(republished_max,
+                               total.duplicates_per_crash[i] - total.journaled_twice_per_crash[i]);
+  }
   std::string out;
   char buf[512];
   std::snprintf(buf, sizeof buf,
@@ -1162,6 +1177,14 @@ std::string Summarize(const std::vector<SimResult>& results) {
                 total.broker_enqueued, dup_max,
                 restarts == 0 ? 0.0 : static_cast<double>(dup_sum) / static_cast<double>(restarts),
                 restarts, total.duplicates_total);
+  out += buf;
+  std::snprintf(buf, sizeof buf,
+                "  of which records republished (checkpoint behind): max %" PRIu64
+                ", mean %.2f; posts journaled twice: max %" PRIu64 ", mean %.2f\n",
+                republished_max,
+                restarts == 0 ? 0.0 : static_cast<double>(dup_sum - twice_sum) / static_cast<double>(restarts),
+                twice_max,
+                restarts == 0 ? 0.0 : static_cast<double>(twice_sum) / static_cast<double>(restarts));
   out += buf;
   out += "crash points:";
   for (const auto& [k, v] : total.crash_points) out += " " + k + "=" + std::to_string(v);
@@ -1196,6 +1219,7 @@ SimResult RunSimulation(const SimOptions& options) {
 std::string ReplayCommand(const SimOptions& options) {
   std::string cmd = "build/tests/sim/sim_run --seed " + std::to_string(options.seed);
   if (options.checkpoint_every_move) cmd += " --checkpoint-every-move";
+  if (options.no_disk_full) cmd += " --no-disk-full";
   return cmd + " --verbose";
 }
 

@@ -20,9 +20,9 @@
 //    under unroutable_policy = drop is exempt, and counted);
 //  - nothing_invented: every post published was made by a client, with the
 //    path it made and the origin uid of the process that made it;
-//  - duplicates_per_crash_at_most_publish_window: after each crash, the
-//    broker enqueued at most publish_window_max posts it had enqueued before
-//    the crash;
+//  - duplicates_per_crash_at_most_publish_window: after each crash (or
+//    restart), at most publish_window_max of the posts the broker had
+//    enqueued before it are enqueued again;
 //  - drains: once faults stop, everything is delivered and the spool is
 //    adopted within kDrainMsMax;
 //  - bounded_work_per_round: the work one ingest round asks of the spool
@@ -44,6 +44,9 @@ struct SimOptions {
   // Store the checkpoint at every move of the watermark (the forwarder
   // change under way), to measure the duplicate bound it would give.
   bool checkpoint_every_move = false;
+  // No full-disk periods (a full disk stops the checkpoint today: it needs
+  // a new file), to measure what else makes duplicates.
+  bool no_disk_full = false;
   // Print the run's events to stderr.
   bool verbose = false;
 };
