@@ -310,7 +310,7 @@ Status DeleteConfirmedSegments(SimFs* fs, JournalPosition watermark, daemon::Jou
 }
 
 bool ReadRecords(const std::vector<std::byte>& bytes, uint64_t offset,
-                 const std::function<void(const fb::Post&, uint64_t at)>& f) {
+                 const std::function<void(const fb::Post&, uint64_t at, uint64_t next)>& f) {
   segment::MemorySource source(bytes);
   segment::ReaderOptions options;
   options.verify_payload = VerifyPostPayload;
@@ -319,7 +319,7 @@ bool ReadRecords(const std::vector<std::byte>& bytes, uint64_t offset,
   if (!segment::SegmentReader::Open(&source, options, &reader).ok()) return false;
   segment::Record rec;
   while (reader->Next(&rec) == segment::SegmentReader::Result::kRecord) {
-    f(PostFromPayload(rec.payload), rec.position.offset);
+    f(PostFromPayload(rec.payload), rec.position.offset, rec.next_offset);
   }
   return true;
 }

@@ -110,8 +110,9 @@ Status DeleteConfirmedSegments(SimFs* fs, JournalPosition watermark, daemon::Jou
                                int* deleted);
 
 // Every valid record of a file's current bytes (from `offset`), as the
-// real reader yields them. False if the header is unreadable.
+// real reader yields them, with where it starts and ends. False if the
+// header is unreadable.
 bool ReadRecords(const std::vector<std::byte>& bytes, uint64_t offset,
-                 const std::function<void(const fb::Post&, uint64_t at)>& f);
+                 const std::function<void(const fb::Post&, uint64_t at, uint64_t next)>& f);
 
 }  // namespace postspool::sim

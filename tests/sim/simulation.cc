@@ -56,6 +56,9 @@ struct PostInfo {
   bool acknowledged = false;
   bool via_spool = false;
   bool failed = false;
+  // A journal copy was hit by injected disk damage: the contract holds only
+  // while the disk survives, so the post is exempt (and counted).
+  bool damaged = false;
   uint32_t epoch = 0;  // when acknowledged
 };
 
@@ -167,6 +170,10 @@ class World {
   void Crash();
   void FinishCleanStop();
   void CheckBoundedWork();
+  // Disk damage in a journal segment the daemon is not writing: a flipped
+  // byte in a record, a flipped byte in the header, or the file cut to zero
+  // length (what a power loss leaves of an unsynced new file).
+  void DamageJournal();
   void CheckPublished(const fb::Post& post);
   void CheckRecoverable(const std::string& when);
   // The ids a restarted daemon would still deliver: journal records at or
@@ -192,6 +199,7 @@ class World {
   uint32_t kill_per_round_ppm_ = 0;
   uint32_t clean_stop_per_round_ppm_ = 0;
   uint32_t disk_full_per_round_ppm_ = 0;
+  uint32_t journal_damage_per_round_ppm_ = 0;
   uint64_t fault_ms_ = 0;
   std::set<std::string> failed_invariants_;
 };
@@ -642,6 +650,7 @@ void World::ChooseConfig() {
   kill_per_round_ppm_ = static_cast<uint32_t>(rng_.Range(0, 800));
   clean_stop_per_round_ppm_ = static_cast<uint32_t>(rng_.Range(0, 200));
   disk_full_per_round_ppm_ = static_cast<uint32_t>(rng_.Range(0, 300));
+  journal_damage_per_round_ppm_ = rng_.OneIn(3) ? static_cast<uint32_t>(rng_.Range(0, 300)) : 0;
   client_kill_ppm_ = static_cast<uint32_t>(rng_.Range(0, 300));
   slow_writer_ppm_ = static_cast<uint32_t>(rng_.Range(0, 30000));
   stopped_writer_ppm_ = static_cast<uint32_t>(rng_.Range(0, 2000));
@@ -735,7 +744,7 @@ void World::StartDaemon() {
       SimFs::Ino ino;
       if (!fs.Lookup(kJournalDir, daemon::JournalSegmentName(seqs[i]), &ino)) continue;
       if (fs.Sync(Actor::kDaemon, ino) != 0) continue;  // as daemon.cc: fdatasync first
-      ReadRecords(fs.Get(ino)->data, 0, [&](const fb::Post& p, uint64_t) {
+      ReadRecords(fs.Get(ino)->data, 0, [&](const fb::Post& p, uint64_t, uint64_t) {
         dp->ingest->RememberJournaled(PostId{p.id()->hi(), p.id()->lo()});
       });
     }
@@ -828,21 +837,23 @@ std::set<PostId> World::Recoverable(bool* spool_pending_benign) {
     SimFs::Ino ino;
     if (!fs.Lookup(kJournalDir, daemon::JournalSegmentName(seq), &ino)) continue;
     ReadRecords(fs.Get(ino)->data, seq == cp.segment_seq ? cp.offset : 0,
-                [&](const fb::Post& p, uint64_t) { ids.insert(PostId{p.id()->hi(), p.id()->lo()}); });
+                [&](const fb::Post& p, uint64_t, uint64_t) { ids.insert(PostId{p.id()->hi(), p.id()->lo()}); });
   }
   if (spool_pending_benign != nullptr) *spool_pending_benign = false;
   for (const auto& [name, ino] : fs.List(kSpoolDir)) {
     const auto parsed = segment::ParseSpoolName(name);
     const SimFs::Inode* in = fs.Get(ino);
     if (!parsed || !in->regular || in->owner != parsed->uid || in->links != 1 || in->sparse) continue;
-    ReadRecords(in->data, 0, [&](const fb::Post& p, uint64_t) {
+    ReadRecords(in->data, 0, [&](const fb::Post& p, uint64_t, uint64_t) {
       const PostId id{p.id()->hi(), p.id()->lo()};
       ids.insert(id);
       if (spool_pending_benign != nullptr) {
         auto it = posts_.find(id);
         auto l = broker_.ledger().find(id);
         const bool delivered = l != broker_.ledger().end() && (l->second.confirmed || l->second.dropped);
-        if (it != posts_.end() && !it->second.hostile && !delivered) *spool_pending_benign = true;
+        if (it != posts_.end() && !it->second.hostile && !it->second.damaged && !delivered) {
+          *spool_pending_benign = true;
+        }
       }
     });
   }
@@ -856,7 +867,7 @@ std::string World::Locate(PostId id) {
   for (int d = 0; d < kDirCount; ++d) {
     for (const auto& [name, ino] : fs.List(static_cast<DirId>(d))) {
       const SimFs::Inode* in = fs.Get(ino);
-      ReadRecords(in->data, 0, [&](const fb::Post& p, uint64_t at) {
+      ReadRecords(in->data, 0, [&](const fb::Post& p, uint64_t at, uint64_t) {
         if (PostId{p.id()->hi(), p.id()->lo()} != id) return;
         out += std::string(" [") + kDirNames[d] + "/" + name + " @" + std::to_string(at) +
                " size " + std::to_string(in->data.size()) + " links " +
@@ -894,7 +905,7 @@ void World::CheckRecoverable(const std::string& when) {
   const std::set<PostId> ids = Recoverable(nullptr);
   const auto& ledger = broker_.ledger();
   for (const auto& [id, p] : posts_) {
-    if (!p.acknowledged || p.hostile) continue;
+    if (!p.acknowledged || p.hostile || p.damaged) continue;
     auto l = ledger.find(id);
     if (l != ledger.end() && (l->second.confirmed || l->second.dropped)) continue;
     if (ids.count(id) != 0) continue;
@@ -927,6 +938,49 @@ void World::CheckPublished(const fb::Post& post) {
                                  (origin ? std::to_string(*origin) : "none") + ", made by uid " +
                                  std::to_string(p.uid));
   }
+}
+
+void World::DamageJournal() {
+  SimFs& fs = node_.fs;
+  std::vector<uint64_t> seqs = ListJournalSegments(fs);
+  if (dp_) std::erase(seqs, dp_->journal->end().segment_seq);
+  if (seqs.empty()) return;
+  const uint64_t seq = seqs[rng_.Below(seqs.size())];
+  SimFs::Ino ino;
+  if (!fs.Lookup(kJournalDir, daemon::JournalSegmentName(seq), &ino)) return;
+  SimFs::Inode* in = fs.Get(ino);
+  if (in->data.size() <= segment::kHeaderBytes) return;
+  const uint64_t kind = rng_.Below(3);
+  uint64_t lo = 0;
+  uint64_t hi = in->data.size();
+  uint64_t off = 0;
+  if (kind == 0) {
+    off = rng_.Range(segment::kHeaderBytes, in->data.size() - 1);
+    lo = hi = off;
+  } else if (kind == 2) {
+    off = rng_.Below(segment::kHeaderChecksumOffset);
+  }
+  uint64_t hit = 0;
+  ReadRecords(in->data, 0, [&](const fb::Post& p, uint64_t at, uint64_t next) {
+    if (at > hi || next <= lo) return;
+    auto it = posts_.find(PostId{p.id()->hi(), p.id()->lo()});
+    if (it != posts_.end()) it->second.damaged = true;
+    ++hit;
+  });
+  if (kind == 1) {
+    in->data.clear();
+    in->durable.clear();
+    in->pending.clear();
+  } else {
+    in->data[off] ^= std::byte{0x20};
+    if (in->durable.size() > off) in->durable[off] ^= std::byte{0x20};
+  }
+  static const char* kKinds[] = {"disk.journal_record_flip", "disk.journal_zero_length",
+                                 "disk.journal_header_flip"};
+  stats_.Fault(kKinds[kind]);
+  stats_.Fault("exempt.posts_in_damaged_journal_records", hit);
+  Trace("%s in journal segment %" PRIu64 " at %" PRIu64 " (%" PRIu64 " posts hit)", kKinds[kind],
+        seq, off, hit);
 }
 
 void World::CheckBoundedWork() {
@@ -968,7 +1022,7 @@ bool World::Drained(std::string* why) {
   }
   const auto& ledger = broker_.ledger();
   for (const auto& [id, p] : posts_) {
-    if (!p.acknowledged || p.hostile) continue;
+    if (!p.acknowledged || p.hostile || p.damaged) continue;
     auto l = ledger.find(id);
     if (l == ledger.end() || !(l->second.confirmed || l->second.dropped)) {
       *why = "acknowledged post " + Hex(id) + " (" + (p.via_spool ? "spooled" : "socket") +
@@ -1001,6 +1055,7 @@ void World::Round(bool producing) {
       full_until_ = now + milliseconds(rng_.Range(10, 2000));
     }
     node_.fs.set_full(now < full_until_);
+    if (rng_.Ppm(journal_damage_per_round_ppm_)) DamageJournal();
   }
   broker_.Step(now);
   for (auto& c : clients_) c->Step(now, producing);
@@ -1084,7 +1139,7 @@ SimResult World::Run() {
   for (const auto& [id, p] : posts_) {
     auto l = ledger.find(id);
     if (l != ledger.end() && l->second.confirmed) ++stats_.posts_confirmed;
-    if (!p.acknowledged || p.hostile) continue;
+    if (!p.acknowledged || p.hostile || p.damaged) continue;
     if (l != ledger.end() && l->second.dropped && !l->second.confirmed) {
       ++dropped;
       continue;
