@@ -213,6 +213,13 @@ Status SimJournalReader::Next(JournalPosition limit, daemon::JournalReader::Entr
         pos_ = JournalPosition{*it, segment::kHeaderBytes};
         continue;
       }
+      if ((s.code() == StatusCode::kCorruption || s.code() == StatusCode::kUnsupported) &&
+          pos_.segment_seq < limit.segment_seq) {  // as JournalReader::Next
+        if (source_) skipped_bytes_ += source_->size();
+        pos_ = JournalPosition{pos_.segment_seq + 1, segment::kHeaderBytes};
+        reader_.reset();
+        continue;
+      }
       if (!s.ok()) return s;
     }
     segment::Record rec;
