@@ -1,5 +1,7 @@
 #include "sim_io_loop.h"
 
+#include "socket_protocol.h"
+
 #include <cassert>
 #include <algorithm>
 #include <cerrno>
@@ -132,7 +134,10 @@ Status SimIoLoop::RunOnce(int timeout_ms) {
       for (uint64_t i = 0; i < n && !s->to_daemon.empty() && s->receiving; ++i) {
         std::vector<std::byte> packet = std::move(s->to_daemon.front());
         s->to_daemon.pop_front();
-        callbacks_->OnPacket(fd, packet, false);
+        // The loop receives at most packet_bytes_max; longer is truncated.
+        const bool truncated = packet.size() > wire::kRequestBytesMax;
+        if (truncated) packet.resize(wire::kRequestBytesMax);
+        callbacks_->OnPacket(fd, packet, truncated);
         s = node_->Socket(id);
         if (s == nullptr || s->daemon_fd != fd) break;
       }

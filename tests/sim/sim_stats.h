@@ -34,6 +34,13 @@ struct SimStats {
   // Of those, the ones from a second journal record of the post.
   std::vector<uint64_t> journaled_twice_per_crash;
   uint64_t duplicates_total = 0;  // every enqueue beyond the first of an id
+  // The most work one ingest round asked for, by kind ("spool.entries",
+  // "spool.bytes_read", ...).
+  std::map<std::string, uint64_t> round_work_max;
+  void NoteRoundWork(const std::string& kind, uint64_t n) {
+    uint64_t& m = round_work_max[kind];
+    if (n > m) m = n;
+  }
 
   void Fault(const std::string& kind, uint64_t n = 1) { faults[kind] += n; }
   void Merge(const SimStats& o);
@@ -42,6 +49,7 @@ struct SimStats {
 inline void SimStats::Merge(const SimStats& o) {
   for (const auto& [k, v] : o.faults) faults[k] += v;
   for (const auto& [k, v] : o.crash_points) crash_points[k] += v;
+  for (const auto& [k, v] : o.round_work_max) NoteRoundWork(k, v);
   crashes += o.crashes;
   power_losses += o.power_losses;
   clean_restarts += o.clean_restarts;

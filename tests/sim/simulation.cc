@@ -440,6 +440,7 @@ void Client::StartHostile(Clock::time_point now) {
         std::vector<std::byte> rec = MakeRecords(1, rng_.OneIn(2));
         if (rng_.OneIn(2)) rec[rng_.Range(8, rec.size() - 1)] ^= std::byte{0x40};
         packet.insert(packet.end(), rec.begin(), rec.end());
+        if (rng_.OneIn(8)) packet.resize(wire::kRequestBytesMax + rng_.Range(1, 4096));  // too long
         posts_.clear();
       }
       node.Socket(id)->to_daemon.push_back(std::move(packet));
@@ -986,6 +987,15 @@ void World::DamageJournal() {
 void World::CheckBoundedWork() {
   const SpoolWork& s = dp_->spool->work();
   const RoundWork& l = dp_->loop->round_work();
+  stats_.NoteRoundWork("spool.list_calls", s.lists);
+  stats_.NoteRoundWork("spool.entries_listed", s.entries);
+  stats_.NoteRoundWork("spool.opens", s.opens);
+  stats_.NoteRoundWork("spool.renames", s.renames);
+  stats_.NoteRoundWork("spool.quarantines", s.quarantines);
+  stats_.NoteRoundWork("spool.bytes_read", s.bytes_read);
+  stats_.NoteRoundWork("loop.journal_writes", l.writes);
+  stats_.NoteRoundWork("loop.journal_syncs", l.syncs);
+  stats_.NoteRoundWork("loop.sends", l.sends);
   std::string why;
   if (s.lists > 1 || s.entries > config_.spool_scan_entries_max) {
     why = "listed " + std::to_string(s.entries) + " entries in " + std::to_string(s.lists) +
@@ -1243,6 +1253,8 @@ std::string Summarize(const std::vector<SimResult>& results) {
   out += buf;
   out += "crash points:";
   for (const auto& [k, v] : total.crash_points) out += " " + k + "=" + std::to_string(v);
+  out += "\nmost work in one round:";
+  for (const auto& [k, v] : total.round_work_max) out += " " + k + "=" + std::to_string(v);
   out += "\nfaults injected:";
   for (const auto& [k, v] : total.faults) out += "\n  " + k + " " + std::to_string(v);
   out += "\n";
