@@ -22,6 +22,7 @@ const char* ErrnoName(int err) {
 bool SimFs::Fault(uint32_t ppm, const char* kind) {
   if (!rng_.Ppm(ppm)) return false;
   stats_->Fault(kind);
+  if (trace_) trace_(std::string("fault: ") + kind);
   return true;
 }
 

@@ -36,6 +36,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <span>
 #include <string>
@@ -94,6 +95,8 @@ class SimFs {
   void set_full(bool full) { full_ = full; }
   void set_capacity(uint64_t bytes) { capacity_ = bytes; }
   void set_wall_seconds(int64_t s) { wall_s_ = s; }
+  // Sees every fault injected (verbose runs).
+  void set_trace(std::function<void(const std::string&)> f) { trace_ = std::move(f); }
   // Probability that a daemon mutation is where the daemon dies.
   void set_crash_ppm(uint32_t ppm) { crash_ppm_ = ppm; }
   bool daemon_dead() const { return daemon_dead_; }
@@ -170,6 +173,7 @@ class SimFs {
 
   SimRng rng_;
   SimStats* stats_;
+  std::function<void(const std::string&)> trace_;
   FaultRates rates_;
   bool full_ = false;
   uint64_t capacity_ = UINT64_MAX;

@@ -1114,7 +1114,10 @@ void World::Round(bool producing) {
 SimResult World::Run() {
   daemon::SetLogLevel(options_.verbose ? daemon::LogLevel::kWarning : static_cast<daemon::LogLevel>(0));
   ChooseConfig();
-  if (options_.verbose) node_.trace = [this](const std::string& line) { Trace("%s", line.c_str()); };
+  if (options_.verbose) {
+    node_.trace = [this](const std::string& line) { Trace("%s", line.c_str()); };
+    node_.fs.set_trace(node_.trace);
+  }
   Trace("config: %s", result_.config.c_str());
   SetFaults(true);
   StartDaemon();
