@@ -238,14 +238,17 @@ Status JournalReader::Next(JournalPosition limit, Entry* entry, bool* got) {
         pos_ = JournalPosition{*it, segment::kHeaderBytes};
         continue;
       }
-      if ((s.code() == StatusCode::kCorruption || s.code() == StatusCode::kUnsupported) &&
-          pos_.segment_seq < limit.segment_seq) {
+      if (s.code() == StatusCode::kCorruption || s.code() == StatusCode::kUnsupported) {
         // Its header cannot be read (damage, or the zero-length file a power
         // loss leaves of a segment whose header was never synced), so
         // nothing in it can be: skip it as damage and go on with the next
-        // segment, or forwarding would stop here for good.
+        // segment (or to the limit, inside the limit's segment: a post read
+        // again for a retry is then unreadable, not retried forever), or
+        // forwarding would stop here for good.
         if (source_) skipped_bytes_ += source_->size();
-        pos_ = JournalPosition{pos_.segment_seq + 1, segment::kHeaderBytes};
+        pos_ = pos_.segment_seq < limit.segment_seq
+                   ? JournalPosition{pos_.segment_seq + 1, segment::kHeaderBytes}
+                   : limit;
         reader_.reset();
         continue;
       }

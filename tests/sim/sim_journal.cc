@@ -213,10 +213,12 @@ Status SimJournalReader::Next(JournalPosition limit, daemon::JournalReader::Entr
         pos_ = JournalPosition{*it, segment::kHeaderBytes};
         continue;
       }
-      if ((s.code() == StatusCode::kCorruption || s.code() == StatusCode::kUnsupported) &&
-          pos_.segment_seq < limit.segment_seq) {  // as JournalReader::Next
+      if (s.code() == StatusCode::kCorruption || s.code() == StatusCode::kUnsupported) {
+        // As JournalReader::Next.
         if (source_) skipped_bytes_ += source_->size();
-        pos_ = JournalPosition{pos_.segment_seq + 1, segment::kHeaderBytes};
+        pos_ = pos_.segment_seq < limit.segment_seq
+                   ? JournalPosition{pos_.segment_seq + 1, segment::kHeaderBytes}
+                   : limit;
         reader_.reset();
         continue;
       }
