@@ -17,7 +17,7 @@ namespace {
 
 // Enough for a few seconds in the optimised build, well under a minute
 // under ASan/UBSan.
-constexpr uint64_t kDefaultSeeds = 40;
+constexpr uint64_t kDefaultSeeds = 100;
 
 struct Runs {
   std::vector<SimOptions> options;
