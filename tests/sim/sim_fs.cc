@@ -232,6 +232,25 @@ int SimFs::Sync(Actor actor, Ino ino, uint32_t* seen) {
   return dies ? EIO : 0;
 }
 
+int SimFs::Truncate(Actor actor, Ino ino, uint64_t size) {
+  Inode* in = Get(ino);
+  assert(in != nullptr);
+  bool lands;
+  const bool dies = DaemonDies(actor, "fs.truncate", &lands);
+  if (dies && !lands) return EIO;
+  if (!dies && Fault(rates_.meta_eio, "fs.truncate.eio")) return EIO;
+  if (in->data.size() > size) in->data.resize(size);
+  if (in->durable.size() > size) in->durable.resize(size);
+  for (PendingWrite& w : in->pending) {
+    if (w.offset >= size) {
+      w.bytes.clear();
+    } else if (w.offset + w.bytes.size() > size) {
+      w.bytes.resize(size - w.offset);
+    }
+  }
+  return dies ? EIO : 0;
+}
+
 int SimFs::ReadFault(Actor actor) {
   (void)actor;
   return Fault(rates_.read_eio, "fs.read.eio") ? EIO : 0;

@@ -131,6 +131,9 @@ class SimFs {
   // failed writeback is reported once to every descriptor open at the
   // time, whoever made the write.
   int Sync(Actor actor, Ino ino, uint32_t* seen = nullptr);
+  // ftruncate to a smaller size: the bytes past it are gone, from the page
+  // cache and the disk alike.
+  int Truncate(Actor actor, Ino ino, uint64_t size);
   // A read of `ino` fails with EIO (0: it works; the caller reads data).
   int ReadFault(Actor actor);
 
