@@ -139,6 +139,10 @@ JournalPosition SimJournal::Committed() {
 void SimJournal::Abandon() {
   assert(reservation_open_);
   reservation_open_ = false;
+  // As JournalWriter::Abandon: cut the failed write past the committed end.
+  if (const SimNode::FdEntry* e = node_->Fd(fd_)) {
+    (void)node_->fs.Truncate(Actor::kDaemon, e->ino, end_.offset);
+  }
   CloseFd();
 }
 
