@@ -300,7 +300,11 @@ void Daemon::RememberJournaledIds() {
     std::unique_ptr<segment::SegmentReader> reader;
     segment::ReaderOptions options;
     options.verify_payload = VerifyPostPayload;
-    if (!fd.valid() || !segment::FileSource::Open(fd.get(), &source).ok() ||
+    // The last process may have died before syncing its last write. An id
+    // remembered from it makes adoption delete the spooled copy of that
+    // post, so the journal copy must first be as durable as the spooled one.
+    if (!fd.valid() || ::fdatasync(fd.get()) != 0 ||
+        !segment::FileSource::Open(fd.get(), &source).ok() ||
         !segment::SegmentReader::Open(source.get(), options, &reader).ok()) {
       continue;  // the forwarder reports damaged segments
     }

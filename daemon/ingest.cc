@@ -38,7 +38,13 @@ Ingest::Ingest(const Config& config, Metrics* metrics, Ports ports, std::string 
       recent_ids_(config.dedupe_window_posts, dedupe_key),
       hostname_(std::move(hostname)),
       adoption_backoff_(kAdoptionRetryInitialMs, kAdoptionRetryMaxMs, seed) {
-  adopter_.set_uid_admission([this](uid_t uid) { return UidBytes(uid) <= config_.disk_bytes_per_uid_max; });
+  // Adoption moves a uid's posts from its spool segments into the journal
+  // (and deletes the segments): its spool bytes must not hold its own
+  // adoption back, or a uid whose spool alone exceeds its share waits
+  // forever. Its unconfirmed journal bytes do.
+  adopter_.set_uid_admission([this](uid_t uid) {
+    return UidBytes(uid) - adopter_.spool_bytes_of(uid) <= config_.disk_bytes_per_uid_max;
+  });
 }
 
 void Ingest::LogLimited(LogLimiter* limiter, LogLevel level, const char* format, ...) {
@@ -390,7 +396,12 @@ void Ingest::ForgetConfirmed() {
   // Segments wholly before the watermark are confirmed: give their bytes
   // back to their uids' shares.
   const JournalPosition w = ports_.journal->watermark();
-  while (!segment_bytes_of_.empty() && segment_bytes_of_.begin()->first < w.segment_seq) {
+  // Everything journaled is confirmed: the segment being written too. Else
+  // a uid whose confirmed posts fill the current segment's share stays
+  // above its share until someone else's posts roll the segment over.
+  const bool all_confirmed = w >= ports_.journal->end();
+  while (!segment_bytes_of_.empty() &&
+         (all_confirmed || segment_bytes_of_.begin()->first < w.segment_seq)) {
     for (const auto& [uid, bytes] : segment_bytes_of_.begin()->second) {
       auto it = journal_bytes_of_.find(uid);
       if (it == journal_bytes_of_.end()) continue;

@@ -245,6 +245,13 @@ JournalPosition JournalWriter::Committed() {
 void JournalWriter::Abandon() {
   assert(reservation_open_);
   reservation_open_ = false;
+  // Cut what the failed write left past the committed end. After a failed
+  // fdatasync those bytes stay readable in the page cache but never reach
+  // the disk: a restarted daemon would remember their ids and drop the
+  // spooled copies of posts whose journal copy a power loss then takes (and
+  // the forwarder would publish posts whose clients were told to spool
+  // them). Best effort: the segment is finished either way.
+  if (fd_.valid()) (void)::ftruncate(fd_.get(), static_cast<off_t>(end_.offset));
   fd_.reset();
 }
 

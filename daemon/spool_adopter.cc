@@ -1,6 +1,7 @@
 #include "spool_adopter.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdarg>
 #include <cstdio>
 
@@ -261,11 +262,24 @@ bool SpoolAdopter::OpenNext() {
       if (queue.empty()) waiting_.erase(uid);
       return true;
     }
-    if (s.code() == StatusCode::kTimedOut) {
-      // A writer holds the lock (or is still writing the header): retry
-      // later, behind this uid's other segments, with a back-off; other
-      // uids go on meanwhile.
-      metrics_->spool_seal_busy_total.fetch_add(1, std::memory_order_relaxed);
+    // A symlink, directory or device planted under the name since the scan
+    // (ELOOP, EISDIR, ENXIO) is no I/O error: it goes to the quarantine.
+    const int err = s.sys_errno();
+    const bool io_error = s.code() == StatusCode::kNoSpace ||
+                          (s.code() == StatusCode::kIoError && err != ELOOP && err != EISDIR &&
+                           err != ENXIO && err != ENODEV);
+    if (s.code() == StatusCode::kTimedOut || io_error) {
+      // A writer holds the lock, or opening, sealing or reading the header
+      // failed with an I/O error (EIO, ENOSPC): retry later, behind this
+      // uid's other segments, with a back-off; other uids go on meanwhile.
+      // Never the quarantine for an I/O error: it is never read again, and
+      // the segment holds acknowledged posts.
+      if (io_error) {
+        Warn("cannot open or seal %s: %s; trying again later", w.name.c_str(),
+             s.ToString().c_str());
+      } else {
+        metrics_->spool_seal_busy_total.fetch_add(1, std::memory_order_relaxed);
+      }
       ++w.seal_attempts;
       const auto delay = std::min<Clock::duration>(
           kSealRetryInitial * (1u << std::min<uint32_t>(w.seal_attempts, 16)), kSealRetryMax);

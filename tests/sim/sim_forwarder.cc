@@ -1,0 +1,400 @@
+#include "sim_forwarder.h"
+
+#include <algorithm>
+#include <cassert>
+
+namespace postspool::sim {
+namespace {
+
+using std::chrono::milliseconds;
+
+constexpr int kPublishBatch = 64;                              // forwarder.cc
+constexpr auto kStableConnection = std::chrono::seconds(10);   // forwarder.cc
+constexpr auto kJournalRetryDelay = std::chrono::seconds(1);   // forwarder.cc
+
+}  // namespace
+
+// --- FakeBroker -------------------------------------------------------------------
+
+void FakeBroker::Heal(Clock::time_point now) {
+  down_until_ = now;
+  blocked_until_ = now;
+}
+
+bool FakeBroker::Connect(Clock::time_point now) {
+  assert(!connected_);
+  if (now < down_until_) {
+    stats_->Fault("broker.connect_refused");
+    return false;
+  }
+  connected_ = true;
+  broken_ = false;
+  blocked_sent_ = false;
+  next_tag_ = 1;
+  pending_.clear();
+  return true;
+}
+
+void FakeBroker::Disconnect() {
+  connected_ = false;
+  broken_ = false;
+  pending_.clear();
+}
+
+bool FakeBroker::Publish(PostId id, JournalPosition pos, Clock::time_point now) {
+  assert(connected_);
+  if (broken_) return false;
+  Pending p{next_tag_++, id, true, false, now + milliseconds(rng_.Below(4))};
+  if (rng_.Ppm(rates_.nack_per_publish)) {
+    stats_->Fault("broker.nack");
+    p.ack = false;
+  } else if (rng_.Ppm(rates_.return_per_publish)) {
+    stats_->Fault("broker.return_unroutable");
+    p.returned = true;
+  }
+  if (rng_.Ppm(rates_.slow_confirm_per_publish)) {
+    stats_->Fault("broker.slow_confirm");
+    p.ready_at = now + milliseconds(rng_.Range(100, 2000));
+  }
+  if (p.ack && !p.returned) {
+    Ledger& l = ledger_[id];
+    const bool again = std::find(l.positions.begin(), l.positions.end(), pos) != l.positions.end();
+    if (l.enqueued == 0) {
+      l.first_epoch = epoch_;
+    } else {
+      ++dups_total_;
+      if (l.first_epoch < epoch_ && l.counted_epoch < epoch_) {
+        l.counted_epoch = epoch_;
+        ++cross_dups_[epoch_];
+        if (!again) ++cross_twice_[epoch_];
+      }
+    }
+    if (!again && l.positions.size() < 8) l.positions.push_back(pos);
+    ++l.enqueued;
+    ++enqueued_total_;
+  }
+  pending_.push_back(p);
+  return true;
+}
+
+void FakeBroker::Deliver(const Pending& p, bool multiple, Handler* h) {
+  if (p.returned) h->OnReturn(p.id);
+  if (!p.ack) {
+    h->OnNack(p.tag, multiple);
+    return;
+  }
+  if (!p.returned) {
+    ledger_[p.id].confirmed = true;
+  } else if (policy == daemon::UnroutablePolicy::kDrop) {
+    ledger_[p.id].dropped = true;
+  }
+  h->OnAck(p.tag, multiple);
+}
+
+bool FakeBroker::ReadFrames(Clock::time_point now, Handler* h) {
+  assert(connected_);
+  if (broken_) return false;
+  if (now < blocked_until_) {
+    if (!blocked_sent_) {
+      blocked_sent_ = true;
+      h->OnBlocked();
+    }
+  } else if (blocked_sent_) {
+    blocked_sent_ = false;
+    h->OnUnblocked();
+  }
+  // Several confirms at once: the longest prefix of ready acks.
+  if (pending_.size() >= 2 && rng_.OneIn(4)) {
+    size_t n = 0;
+    while (n < pending_.size() && pending_[n].ready_at <= now && pending_[n].ack) ++n;
+    if (n >= 2) {
+      for (size_t i = 0; i < n; ++i) {
+        if (pending_[i].returned) h->OnReturn(pending_[i].id);
+        if (!pending_[i].returned) {
+          ledger_[pending_[i].id].confirmed = true;
+        } else if (policy == daemon::UnroutablePolicy::kDrop) {
+          ledger_[pending_[i].id].dropped = true;
+        }
+      }
+      const uint64_t tag = pending_[n - 1].tag;
+      pending_.erase(pending_.begin(), pending_.begin() + static_cast<ptrdiff_t>(n));
+      h->OnAck(tag, true);
+    }
+  }
+  // Then one at a time, sometimes out of order.
+  std::vector<Pending> ready;
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    if (it->ready_at <= now) {
+      ready.push_back(*it);
+      it = pending_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (ready.size() >= 2 && rng_.OneIn(8)) {
+    std::swap(ready[rng_.Below(ready.size())], ready[rng_.Below(ready.size())]);
+  }
+  for (const Pending& p : ready) Deliver(p, false, h);
+  return true;
+}
+
+void FakeBroker::Step(Clock::time_point now) {
+  if (connected_ && !broken_ && rng_.Ppm(rates_.disconnect_per_step)) {
+    stats_->Fault("broker.disconnect");
+    broken_ = true;
+  }
+  if (now >= down_until_ && rng_.Ppm(rates_.down_per_step)) {
+    stats_->Fault("broker.down");
+    down_until_ = now + milliseconds(rng_.Range(50, 3000));
+    if (connected_) broken_ = true;
+  }
+  if (now >= blocked_until_ && rng_.Ppm(rates_.blocked_per_step)) {
+    stats_->Fault("broker.blocked");
+    blocked_until_ = now + milliseconds(rng_.Range(10, 1000));
+  }
+}
+
+// --- SimForwarder ------------------------------------------------------------------
+
+SimForwarder::SimForwarder(const daemon::Config& config, Options options, SimNode* node,
+                           FakeBroker* broker, SimCommits* commits, daemon::JournalUsage* usage,
+                           uint64_t seed, std::function<void(const fb::Post&)> on_publish)
+    : config_(config),
+      options_(options),
+      node_(node),
+      broker_(broker),
+      commits_(commits),
+      usage_(usage),
+      seed_(seed),
+      on_publish_(std::move(on_publish)),
+      reader_(&node->fs),
+      retry_reader_(&node->fs),
+      connect_backoff_(config.reconnect_delay_initial_ms, config.reconnect_delay_max_ms, seed) {}
+
+SimForwarder::~SimForwarder() {
+  if (connected_) broker_->Disconnect();
+}
+
+Status SimForwarder::Start() {
+  JournalPosition start;
+  Status s = LoadCheckpoint(&node_->fs, &start);
+  if (s.code() == StatusCode::kCorruption) {
+    start = JournalPosition{};
+  } else if (!s.ok()) {
+    return s;
+  }
+  daemon::PublishWindow::Options wo;
+  wo.window_max = config_.publish_window_max;
+  wo.unroutable_policy = config_.unroutable_policy;
+  wo.retry_delay_initial_ms = config_.republish_delay_initial_ms;
+  wo.retry_delay_max_ms = config_.republish_delay_max_ms;
+  wo.seed = seed_ ^ 0x9e3779b97f4a7c15ull;
+  window_ = std::make_unique<daemon::PublishWindow>(wo, start);
+  reader_.Seek(start);
+  stored_checkpoint_ = start;
+  written_checkpoint_ = start;
+  cleaned_at_ = JournalPosition{};
+  checkpoint_ = SimCheckpoint{};
+  reconnect_at_ = Clock::time_point{};
+  journal_retry_at_ = Clock::time_point{};
+  next_checkpoint_at_ = Clock::time_point{};
+  return Status::Ok();
+}
+
+bool SimForwarder::Step(Clock::time_point now) {
+  now_ = now;
+  bool busy = false;
+  if (!connected_) {
+    if (now >= reconnect_at_) {
+      Connect(now);
+      busy = connected_;
+    }
+  } else {
+    busy = Pump(now);
+  }
+  MaybeCheckpoint(now, options_.checkpoint_every_move);  // every move: sync each time too
+  return busy;
+}
+
+void SimForwarder::Stop(Clock::time_point now) {
+  if (connected_) {
+    broker_->Disconnect();
+    connected_ = false;
+  }
+  MaybeCheckpoint(now, true);
+}
+
+void SimForwarder::Connect(Clock::time_point now) {
+  if (!broker_->Connect(now)) {
+    ScheduleReconnect(now);
+    return;
+  }
+  connected_ = true;
+  blocked_ = false;
+  connected_at_ = now;
+  confirms_this_connection_ = 0;
+  assert(window_->size() == 0 && window_->in_flight() == 0);
+  reader_.Seek(window_->watermark());
+}
+
+void SimForwarder::ScheduleReconnect(Clock::time_point now) {
+  reconnect_at_ = now + connect_backoff_.Next();
+}
+
+void SimForwarder::LoseConnection(Clock::time_point now) {
+  broker_->Disconnect();
+  connected_ = false;
+  if (confirms_this_connection_ > 0 || now - connected_at_ >= kStableConnection) {
+    connect_backoff_.Reset();
+  }
+  window_->Reset();
+  blocked_ = false;
+  ScheduleReconnect(now);
+}
+
+bool SimForwarder::Pump(Clock::time_point now) {
+  if (!broker_->ReadFrames(now, this)) {
+    LoseConnection(now);
+    return false;
+  }
+  WriteWatermark();
+  bool more = false;
+  if (!blocked_) {
+    int budget = kPublishBatch;
+    daemon::PublishWindow::Due due;
+    while (budget > 0 && now >= journal_retry_at_ && window_->CanRepublish() &&
+           window_->NextDue(now, &due)) {
+      if (!Republish(due, now)) {
+        LoseConnection(now);
+        return false;
+      }
+      --budget;
+    }
+    const JournalPosition limit = commits_->end;
+    while (budget > 0 && now >= journal_retry_at_ && window_->CanPublishNew()) {
+      daemon::JournalReader::Entry entry;
+      bool got = false;
+      const Status rs = reader_.Next(limit, &entry, &got);
+      if (!rs.ok()) {
+        journal_retry_at_ = now + kJournalRetryDelay;
+        break;
+      }
+      if (!got) {
+        window_->OnReaderIdle(reader_.position());
+        break;
+      }
+      bool published = false;
+      if (!PublishNew(entry, now, &published)) {
+        LoseConnection(now);
+        return false;
+      }
+      if (published) --budget;
+    }
+    more = budget == 0;
+  }
+  return more;
+}
+
+Status SimForwarder::EncodePost(const fb::Post& post) {
+  const fb::Post* p = &post;
+  if (post.base_url() == nullptr || post.base_url()->size() == 0) {
+    PostData data = ReadPost(post);
+    data.base_url = config_.post_baseUrl;
+    BuildPost(data, &builder_);
+    p = fb::GetPost(builder_.GetBufferPointer());
+  }
+  v03::EncodeOptions options;
+  options.topic_prefix = config_.post_topicPrefix;
+  options.source = "sim";
+  return v03::Encode(*p, options, &encoded_);
+}
+
+bool SimForwarder::PublishNew(const daemon::JournalReader::Entry& entry, Clock::time_point now,
+                              bool* published) {
+  *published = false;
+  const fb::Post& post = PostFromPayload(entry.payload);
+  const PostId id{post.id()->hi(), post.id()->lo()};
+  if (Status es = EncodePost(post); !es.ok()) {
+    window_->OnSkipped(entry.position, entry.next);
+    return true;
+  }
+  if (on_publish_) on_publish_(post);
+  if (!broker_->Publish(id, entry.position, now)) return false;
+  window_->OnPublished(entry.position, entry.next, id);
+  *published = true;
+  return true;
+}
+
+bool SimForwarder::Republish(const daemon::PublishWindow::Due& due, Clock::time_point now) {
+  retry_reader_.Seek(due.position);
+  daemon::JournalReader::Entry entry;
+  bool got = false;
+  if (Status rs = retry_reader_.Next(due.next, &entry, &got); !rs.ok()) {
+    journal_retry_at_ = now + kJournalRetryDelay;
+    return true;
+  }
+  Status es;
+  if (got && entry.position == due.position) es = EncodePost(PostFromPayload(entry.payload));
+  if (!got || entry.position != due.position || !es.ok()) {
+    window_->OnUnreadable(due.handle);
+    return true;
+  }
+  if (on_publish_) on_publish_(PostFromPayload(entry.payload));
+  if (!broker_->Publish(due.id, due.position, now)) return false;
+  window_->OnRepublished(due.handle);
+  return true;
+}
+
+void SimForwarder::WriteWatermark() {
+  if (node_->fs.daemon_dead()) return;
+  const JournalPosition w = window_->watermark();
+  if (!checkpoint_.open() || w == written_checkpoint_) return;
+  if (Status s = checkpoint_.Store(w); !s.ok()) {
+    node_->Trace("forwarder: cannot write the checkpoint: " + s.ToString());
+    checkpoint_faulted_ = true;
+    return;
+  }
+  checkpoint_faulted_ = false;
+  written_checkpoint_ = w;
+}
+
+void SimForwarder::MaybeCheckpoint(Clock::time_point now, bool force) {
+  if (node_->fs.daemon_dead()) return;
+  const JournalPosition w = window_->watermark();
+  if (w == stored_checkpoint_ && w == cleaned_at_) return;
+  if (!force && now < next_checkpoint_at_) return;
+  next_checkpoint_at_ = now + milliseconds(config_.checkpoint_interval_ms);
+  if (!checkpoint_.open()) {
+    if (Status s = checkpoint_.Open(&node_->fs, w); s.ok()) {
+      written_checkpoint_ = w;
+      checkpoint_faulted_ = false;
+    } else {
+      node_->Trace("forwarder: cannot create the checkpoint: " + s.ToString());
+      checkpoint_faulted_ = true;
+    }
+  }
+  if (checkpoint_.open() && w != stored_checkpoint_) {
+    WriteWatermark();
+    if (written_checkpoint_ == w) {
+      if (Status s = checkpoint_.Sync(); s.ok()) {
+        stored_checkpoint_ = w;
+      } else {
+        node_->Trace("forwarder: cannot sync the checkpoint: " + s.ToString());
+      }
+    }
+  }
+  // As forwarder.cc: deleting does not wait for the checkpoint.
+  int deleted = 0;
+  if (DeleteConfirmedSegments(&node_->fs, w, usage_, &deleted).ok()) cleaned_at_ = w;
+}
+
+void SimForwarder::OnAck(uint64_t tag, bool multiple) {
+  const auto r = window_->OnAck(tag, multiple, now_);
+  confirms_this_connection_ += r.confirmed;
+}
+
+void SimForwarder::OnNack(uint64_t tag, bool multiple) { (void)window_->OnNack(tag, multiple, now_); }
+
+void SimForwarder::OnReturn(PostId id) { (void)window_->OnReturn(id); }
+
+}  // namespace postspool::sim

@@ -1,0 +1,82 @@
+// One seeded run of the daemon's ingest logic (the real Ingest and
+// SpoolAdopter) on a simulated node: SimFs, SimIoLoop, SimJournal,
+// SimSpoolDir, simulated clients (socket first, then the spool, as
+// client-lib does) and a simulated forwarder (the real PublishWindow,
+// SegmentReader and v03 encoder) publishing to a FakeBroker. One seed drives
+// everything; a run replays exactly from its seed.
+//
+// A run: a fault phase (clients post; faults of every kind; the daemon
+// crashes at random I/O points, sometimes with a power loss at durability
+// `synced`, sometimes stops cleanly; restarts as daemon.cc's Start does),
+// then a drain phase (no new posts, no faults) that must end, within
+// kDrainMsMax of virtual time, with everything delivered.
+//
+// Invariants (the names are what a failure reports):
+//  - acknowledged_is_recoverable: after every crash, each acknowledged post
+//    not yet confirmed is in the journal at or after the stored checkpoint,
+//    or in a spool segment the daemon will adopt;
+//  - acknowledged_is_confirmed: at the end, each acknowledged post was
+//    confirmed by the broker (a post the broker returned as unroutable
+//    under unroutable_policy = drop is exempt, and counted);
+//  - nothing_invented: every post published was made by a client, with the
+//    path it made and the origin uid of the process that made it;
+//  - duplicates_per_crash_at_most_publish_window: after each crash (or
+//    restart), at most publish_window_max of the posts the broker had
+//    enqueued before it are enqueued again;
+//  - drains: once faults stop, everything is delivered and the spool is
+//    adopted within kDrainMsMax;
+//  - bounded_work_per_round: the work one ingest round asks of the spool
+//    directory and the loop stays within the configured limits.
+// Posts of hostile clients (squatters, garbage writers) are exempt from the
+// first two: they sabotage their own files.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "sim_stats.h"
+
+namespace postspool::sim {
+
+struct SimOptions {
+  uint64_t seed = 1;
+  // Store the checkpoint at every move of the watermark (the forwarder
+  // change under way), to measure the duplicate bound it would give.
+  bool checkpoint_every_move = false;
+  // No full-disk periods (a full disk stops the checkpoint today: it needs
+  // a new file), to measure what else makes duplicates.
+  bool no_disk_full = false;
+  // Print the run's events to stderr.
+  bool verbose = false;
+};
+
+struct SimFailure {
+  std::string invariant;
+  std::string detail;
+};
+
+struct SimResult {
+  uint64_t seed = 0;
+  std::string config;  // what the seed chose
+  std::vector<SimFailure> failures;
+  SimStats stats;
+  bool ok() const { return failures.empty(); }
+  // Failures of invariants other than the duplicate bound.
+  bool ok_except_duplicates() const;
+};
+
+SimResult RunSimulation(const SimOptions& options);
+
+// The report of many runs: seeds, crashes, faults of each kind, duplicates
+// per crash (max and mean), failed invariants.
+std::string Summarize(const std::vector<SimResult>& results);
+// A failed run: the seed, the command that replays it, what failed.
+std::string DescribeFailure(const SimResult& result, const SimOptions& options);
+
+// "tests/sim/sim_run --seed N" (and the option that changes the run).
+std::string ReplayCommand(const SimOptions& options);
+
+inline constexpr const char* kDuplicatesInvariant = "duplicates_per_crash_at_most_publish_window";
+
+}  // namespace postspool::sim
