@@ -67,8 +67,11 @@ bool FakeBroker::Publish(PostId id, JournalPosition pos, Clock::time_point now) 
         l.counted_epoch = epoch_;
         ++cross_dups_[epoch_];
         if (!again) ++cross_twice_[epoch_];
+        auto [since, added] = cross_since_.try_emplace(epoch_, l.last_epoch);
+        if (!added) since->second = std::min(since->second, l.last_epoch);
       }
     }
+    l.last_epoch = epoch_;
     if (!again && l.positions.size() < 8) l.positions.push_back(pos);
     ++l.enqueued;
     ++enqueued_total_;

@@ -58,6 +58,7 @@ class FakeBroker {
     uint32_t enqueued = 0;
     uint32_t first_epoch = 0;  // the crash epoch of the first enqueue
     uint32_t counted_epoch = 0;  // the last epoch that counted it as a duplicate of a crash
+    uint32_t last_epoch = 0;   // the crash epoch of the latest enqueue
     bool confirmed = false;    // an ack of a routed publication reached the forwarder
     bool dropped = false;      // returned, then acked under unroutable_policy = drop
     std::vector<JournalPosition> positions;  // the journal records it was enqueued from
@@ -91,6 +92,9 @@ class FakeBroker {
   // republish a record the broker had (the checkpoint was behind).
   const std::map<uint32_t, uint64_t>& cross_epoch_duplicates() const { return cross_dups_; }
   const std::map<uint32_t, uint64_t>& cross_epoch_journaled_twice() const { return cross_twice_; }
+  // Per epoch, the earliest epoch in which one of its duplicates had last
+  // been enqueued: the duplicates of epoch e go back to the crashes after it.
+  const std::map<uint32_t, uint32_t>& cross_epoch_since() const { return cross_since_; }
   uint64_t enqueued_total() const { return enqueued_total_; }
   uint64_t duplicates_total() const { return dups_total_; }
 
@@ -118,6 +122,7 @@ class FakeBroker {
   std::map<PostId, Ledger> ledger_;
   std::map<uint32_t, uint64_t> cross_dups_;
   std::map<uint32_t, uint64_t> cross_twice_;
+  std::map<uint32_t, uint32_t> cross_since_;
   uint64_t enqueued_total_ = 0;
   uint64_t dups_total_ = 0;
 

@@ -1184,9 +1184,17 @@ SimResult World::Run() {
     // twice (a late ack made the client spool its post too, and the dedupe
     // set did not catch it) are counted, not bounded.
     const uint64_t republished = d - twice;
-    if (power_loss_epochs_.count(e) != 0) {
+    // Duplicates that go back over several crashes (a post last published
+    // before crash e-1) are exempt if any of those crashes is.
+    auto since_it = broker_.cross_epoch_since().find(e);
+    const uint32_t since = since_it == broker_.cross_epoch_since().end() ? e - 1 : since_it->second;
+    auto exempt = [&](const std::set<uint32_t>& epochs) {
+      auto first_after = epochs.upper_bound(since);
+      return first_after != epochs.end() && *first_after <= e;
+    };
+    if (exempt(power_loss_epochs_)) {
       stats_.Fault("exempt.duplicates_after_power_loss", d);
-    } else if (checkpoint_fault_epochs_.count(e) != 0) {
+    } else if (exempt(checkpoint_fault_epochs_)) {
       stats_.Fault("exempt.duplicates_after_checkpoint_fault", d);
     } else if (republished > config_.publish_window_max) {
       Fail(kDuplicatesInvariant,
