@@ -15,6 +15,7 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <deque>
@@ -46,6 +47,12 @@ class RecentIds {
     }
   }
   bool Contains(const PostId& id) const { return set_.count(id) != 0; }
+  // The most ids in one hash bucket: what one look-up may have to walk.
+  size_t LongestChain() const {
+    size_t longest = 0;
+    for (size_t b = 0; b < set_.bucket_count(); ++b) longest = std::max(longest, set_.bucket_size(b));
+    return longest;
+  }
 
  private:
   struct Hash {
