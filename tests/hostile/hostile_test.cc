@@ -16,7 +16,7 @@
 // by side ("[ figures ]" lines). What is asserted is functional, never a
 // timing threshold: every post the victim's call reported success for
 // arrives at the broker as posted, with the victim's uid as its origin; the
-// victim's posts go over the socket, with a per-call budget (200 ms) that
+// victim's posts go over the socket, with a per-call budget (1 s) that
 // only a real stall of the daemon would exhaust; and the attack's own
 // outcome (quarantined, adopted once released, refused at its share).
 //
@@ -69,8 +69,11 @@ using Clock = std::chrono::steady_clock;
 
 // The victim's per-call budget: far above what a post takes (well under a
 // millisecond), so that only a daemon that stalls pushes a post to the
-// spool (the socket may use 60% of it, 120 ms, before the spool is tried).
-constexpr uint32_t kVictimBudgetMs = 200;
+// spool (the socket may use 60% of it, 600 ms, before the spool is tried).
+// 200 ms was too little on this 2-core machine with builds running beside
+// the test: one post in 300 went to the spool after a 120 ms scheduling
+// stall. The stalls this suite is about were 0.35 s to 122 s long.
+constexpr uint32_t kVictimBudgetMs = 1000;
 constexpr int kVictimPosts = 300;
 constexpr int kVictimPauseUs = 1000;
 
