@@ -1193,8 +1193,10 @@ TEST_F(Hostile, UsersCannotReadListDeleteOrReplaceEachOthersSpooledPosts) {
     struct stat before;
     ASSERT_EQ(::stat(SpoolPath(target_name).c_str(), &before), 0);
     Pipe result;
-    ChildAs child(user, {result.write_end()}, [&, target_name, user] {
-      return TryToTouch(Spool(), target_name, std::to_string(user.uid) + ".evil");
+    // A named copy: clang 14 cannot capture a structured binding.
+    const std::string evil_name = std::to_string(user.uid) + ".evil";
+    ChildAs child(user, {result.write_end()}, [&, target_name, evil_name] {
+      return TryToTouch(Spool(), target_name, evil_name);
     });
     result.CloseWrite();
     std::string text;

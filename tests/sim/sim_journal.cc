@@ -16,7 +16,6 @@ namespace {
 constexpr char kCheckpointName[] = "checkpoint";
 constexpr char kCheckpointTmpName[] = "checkpoint.tmp";
 constexpr uint32_t kCheckpointMagic = 0x4b435350;
-constexpr size_t kCheckpointBytes = 32;
 
 bool ParseSegmentName(const std::string& name, uint64_t* seq) {
   unsigned long long v = 0;

@@ -868,8 +868,9 @@ std::string World::Locate(PostId id) {
   std::string out;
   static const char* kDirNames[] = {"journal", "spool", "quarantine"};
   for (int d = 0; d < kDirCount; ++d) {
-    for (const auto& [name, ino] : fs.List(static_cast<DirId>(d))) {
-      const SimFs::Inode* in = fs.Get(ino);
+    for (const auto& entry : fs.List(static_cast<DirId>(d))) {
+      const std::string& name = entry.first;  // clang 14 cannot capture a structured binding
+      const SimFs::Inode* in = fs.Get(entry.second);
       ReadRecords(in->data, 0, [&](const fb::Post& p, uint64_t at, uint64_t) {
         if (PostId{p.id()->hi(), p.id()->lo()} != id) return;
         out += std::string(" [") + kDirNames[d] + "/" + name + " @" + std::to_string(at) +
