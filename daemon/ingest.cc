@@ -333,13 +333,11 @@ void Ingest::OnIoDone(uint64_t cookie, int64_t result) {
     // durability: the spool copy may have been synced by its writer
     // (sync_spool), and the journal copy must be no less durable.
     if (config_.durability == Durability::kSynced || writing_.adopted > 0) {
-      sync_in_flight_ = true;
       loop_->SubmitSync(slot_.fd, kCookieSync);
       return;
     }
     BatchCommitted();
   } else if (cookie == kCookieSync) {
-    sync_in_flight_ = false;
     if (result != 0) {
       ports_.journal->Abandon();
       BatchFailed(std::string("fdatasync: ") + std::strerror(static_cast<int>(-result)));

@@ -145,7 +145,6 @@ class Ingest final : public IoCallbacks {
   Batch filling_;
   Batch writing_;
   bool write_in_flight_ = false;
-  bool sync_in_flight_ = false;
   JournalPort::Slot slot_;
   uint64_t adopted_uncommitted_ = 0;
   // Adoption pauses after a failed journal write, with a back-off, so that

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -226,6 +227,34 @@ inline ReadResult ReadFile(const std::string& path, segment::ReaderOptions optio
     return r;
   }
   return ReadAll(source.get(), std::move(options));
+}
+
+// A post id as the AMQP message_id carries it (a UUID in text).
+inline std::string Uuid(const uint8_t id[16]) {
+  static const char* hex = "0123456789abcdef";
+  std::string s;
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) s += '-';
+    s += hex[id[i] >> 4];
+    s += hex[id[i] & 15];
+  }
+  return s;
+}
+
+inline std::string Uuid(const PostId& id) {
+  uint8_t raw[16];
+  for (int k = 0; k < 8; ++k) {
+    raw[k] = static_cast<uint8_t>(id.hi >> (56 - 8 * k));
+    raw[8 + k] = static_cast<uint8_t>(id.lo >> (56 - 8 * k));
+  }
+  return Uuid(raw);
+}
+
+// The p-quantile (0..1) of `v`, nearest rank; 0 for none.
+inline double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
 }
 
 }  // namespace postspool::testing

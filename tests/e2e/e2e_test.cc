@@ -47,26 +47,6 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-std::string Uuid(const uint8_t id[16]) {
-  static const char* hex = "0123456789abcdef";
-  std::string s;
-  for (int i = 0; i < 16; ++i) {
-    if (i == 4 || i == 6 || i == 8 || i == 10) s += '-';
-    s += hex[id[i] >> 4];
-    s += hex[id[i] & 15];
-  }
-  return s;
-}
-
-std::string Uuid(const PostId& id) {
-  uint8_t raw[16];
-  for (int k = 0; k < 8; ++k) {
-    raw[k] = static_cast<uint8_t>(id.hi >> (56 - 8 * k));
-    raw[8 + k] = static_cast<uint8_t>(id.lo >> (56 - 8 * k));
-  }
-  return Uuid(raw);
-}
-
 PostId ParseUuid(const std::string& uuid) {
   std::string hex;
   for (char c : uuid) {
@@ -216,12 +196,6 @@ class Posters {
   std::vector<pid_t> pids_;
   std::vector<std::string> files_;
 };
-
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
-}
 
 class EndToEnd : public ::testing::TestWithParam<std::string> {
  protected:

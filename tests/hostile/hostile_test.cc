@@ -77,32 +77,6 @@ constexpr uint32_t kVictimBudgetMs = 1000;
 constexpr int kVictimPosts = 300;
 constexpr int kVictimPauseUs = 1000;
 
-std::string Uuid(const uint8_t id[16]) {
-  static const char* hex = "0123456789abcdef";
-  std::string s;
-  for (int i = 0; i < 16; ++i) {
-    if (i == 4 || i == 6 || i == 8 || i == 10) s += '-';
-    s += hex[id[i] >> 4];
-    s += hex[id[i] & 15];
-  }
-  return s;
-}
-
-std::string Uuid(const PostId& id) {
-  uint8_t raw[16];
-  for (int k = 0; k < 8; ++k) {
-    raw[k] = static_cast<uint8_t>(id.hi >> (56 - 8 * k));
-    raw[8 + k] = static_cast<uint8_t>(id.lo >> (56 - 8 * k));
-  }
-  return Uuid(raw);
-}
-
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
-}
-
 bool WaitUntil(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
   while (!done()) {
