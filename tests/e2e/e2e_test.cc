@@ -90,6 +90,7 @@ struct PosterOptions {
   std::string stop_file;
   uint32_t budget_ms = 5;
   int pause_us = 0;            // between posts
+  size_t padding_bytes = 0;    // an extra field of this many bytes in every post
   std::string report_file;     // where the child writes its report
 };
 
@@ -108,6 +109,8 @@ struct PosterOptions {
   if (postspool_open(&opt, &client) != 0) ::_exit(2);
   FILE* out = std::fopen(o.report_file.c_str(), "w");
   if (out == nullptr) ::_exit(3);
+  const std::string padding(o.padding_bytes, 'x');
+  const postspool_extra padding_extra{"padding", padding.c_str()};
   for (int i = 0; o.posts < 0 || i < o.posts; ++i) {
     if (o.posts < 0 && i % 16 == 0 && ::access(o.stop_file.c_str(), F_OK) == 0) break;
     const std::string rel = "e2e/p" + std::to_string(index) + "/d" + std::to_string(i % 7) +
@@ -117,6 +120,10 @@ struct PosterOptions {
     post.rel_path = rel.c_str();
     post.has_size = 1;
     post.size = i;
+    if (o.padding_bytes > 0) {
+      post.extras = &padding_extra;
+      post.extras_count = 1;
+    }
     postspool_post_result result;
     const auto start = Clock::now();
     const int rc = postspool_post(client, &post, &result);
@@ -333,6 +340,31 @@ TEST_P(EndToEnd, ThirtyTwoProcessesOfAThousandPostsEachAllArrive) {
               r.transports.count(1) ? r.transports.at(1) : 0,
               r.transports.count(2) ? r.transports.at(2) : 0, Percentile(r.latencies_ms, 0.5),
               Percentile(r.latencies_ms, 0.99));
+  ExpectAllArrived(r.ids);
+}
+
+// The journal rolls over to a new segment every 1 MiB; the segments are
+// created off the ingest thread (the io_uring backend's worker thread) while
+// posts keep arriving, at durability `synced`.
+TEST_P(EndToEnd, JournalRollsOverToNewSegmentsWhilePostsArriveAndEveryPostArrives) {
+  BindQueue();
+  auto o = DaemonOptions();
+  o.durability = "synced";
+  o.extra_config = {"journal_segment_bytes_max = 1 MiB", "batch_bytes_max = 512 KiB"};
+  daemon_ = std::make_unique<DaemonProcess>(o);
+  ASSERT_TRUE(daemon_->Start());
+  PosterOptions p = Poster(2500);
+  p.budget_ms = 1000;  // synced: every batch waits for its fdatasync
+  p.padding_bytes = 400;  // 10,000 posts of about 600 bytes: 6 MB, 6 segments
+  const PosterReport r = Posters(p, 4, ReportDir()).Wait();
+  EXPECT_EQ(r.failures, 0);
+  ASSERT_EQ(r.ids.size(), 10000u);
+  const uint64_t segments = WaitForMetric("journal_segments_created_total", 3);
+  std::printf("[ report ] %llu journal segments for 10,000 posts; transports: socket %d, spool %d\n",
+              static_cast<unsigned long long>(segments),
+              r.transports.count(1) ? r.transports.at(1) : 0,
+              r.transports.count(2) ? r.transports.at(2) : 0);
+  EXPECT_GE(segments, 3u);
   ExpectAllArrived(r.ids);
 }
 
