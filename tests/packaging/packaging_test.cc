@@ -552,6 +552,17 @@ TEST_F(PackagingTest, DebsInstallPostAsTwoUsersUpgradeRemovePurge) {
     const std::string unit = Sh("cat /lib/systemd/system/postspoold.service").output;
     EXPECT_NE(unit.find("\nRestartPreventExitStatus=2\n"), std::string::npos);
     EXPECT_NE(unit.find("\nRestart=on-failure\n"), std::string::npos);
+    // The hardening: systemd-analyze's exposure score (works without systemd
+    // running) must not get worse than the 1.8 that packaging/README.md
+    // explains.
+    const CmdResult score = Sh("cd / && systemd-analyze security --offline=true --threshold=18 "
+                               "/lib/systemd/system/postspoold.service");
+    EXPECT_EQ(score.status, 0) << score.output;
+    const size_t overall = score.output.find("Overall exposure level");
+    if (overall != std::string::npos) {
+      std::printf("[ figures ] systemd-analyze security: %s\n",
+                  score.output.substr(overall, score.output.find('\n', overall) - overall).c_str());
+    }
   }
   ASSERT_TRUE(consumer_.Connect(broker->url()).ok());
   ASSERT_TRUE(consumer_.DeclareExchange(kExchange).ok());
