@@ -37,11 +37,15 @@
 #include <pwd.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/file.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -249,6 +253,7 @@ class PackagingTest : public ::testing::Test {
       if (::getpwnam("postspool") != nullptr) Sh("userdel postspool");
       if (::getgrnam("postspool") != nullptr) Sh("groupdel postspool");
       Sh("rm -rf /etc/postspool /var/lib/postspool /var/spool/postspool /run/postspool");
+      RestoreSetAside();
     }
     for (const TestUser& u : users_) DeleteUser(u);
     if (!std::getenv("POSTSPOOL_PKGTEST_KEEP")) Sh("rm -rf " + Quote(work_));
@@ -266,14 +271,65 @@ class PackagingTest : public ::testing::Test {
     if (Sh("dpkg-query -W -f='${Status}' postspoold libpostspool0 libpostspool-dev 2>/dev/null "
            "| grep -q installed")
             .status == 0 ||
-        ::getpwnam("postspool") != nullptr || ::getgrnam("postspool") != nullptr ||
-        Exists("/etc/postspool") || Exists("/var/lib/postspool") || Exists("/var/spool/postspool") ||
-        Exists("/run/postspool")) {
-      return "postspool is on this machine (package, user or directories under /etc, /var/lib, "
-             "/var/spool or /run): the test installs and purges its own and will not touch that";
+        ::getpwnam("postspool") != nullptr || ::getgrnam("postspool") != nullptr) {
+      return "postspool is installed on this machine (package, or user or group postspool): the "
+             "test installs and purges its own and will not touch that";
+    }
+    if (DaemonLive()) {
+      return "a postspoold runs on the default paths (it holds /var/lib/postspool/journal/lock or "
+             "answers on /run/postspool/postspoold.sock): the test will not touch its files";
+    }
+    // Directories without a package, user or daemon: what a root run of
+    // postspoold on its defaults (scripts/run-local.sh) left. They are set
+    // aside, whole, and put back after the test.
+    aside_ = "/var/tmp/postspool-packaging-test-aside." + std::to_string(::getpid());
+    for (const char* d : kDefaultDirs) {
+      if (!Exists(d)) continue;
+      const std::string to = aside_ + d;
+      const CmdResult mv = Sh("mkdir -p " + Quote(std::filesystem::path(to).parent_path()) +
+                              " && mv " + Quote(d) + " " + Quote(to));
+      if (mv.status != 0) return std::string("cannot set ") + d + " aside: " + mv.output;
+      std::printf("[ packaging ] set %s aside in %s until the end of the test\n", d, to.c_str());
     }
     installs_ = true;
     return "";
+  }
+
+  static constexpr const char* kDefaultDirs[] = {"/etc/postspool", "/var/lib/postspool",
+                                                 "/var/spool/postspool", "/run/postspool"};
+
+  // A postspoold uses the default paths: it holds the journal lock, or its
+  // socket accepts.
+  static bool DaemonLive() {
+    const int lock = ::open("/var/lib/postspool/journal/lock", O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (lock >= 0) {
+      const bool held = ::flock(lock, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+      ::close(lock);
+      if (held) return true;
+    }
+    const int s = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (s < 0) return false;
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::snprintf(addr.sun_path, sizeof addr.sun_path, "/run/postspool/postspoold.sock");
+    const bool answers = ::connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    ::close(s);
+    return answers;
+  }
+
+  void RestoreSetAside() {
+    if (aside_.empty()) return;
+    for (const char* d : kDefaultDirs) {
+      const std::string from = aside_ + d;
+      if (!Exists(from)) continue;
+      const CmdResult mv = Sh("mv " + Quote(from) + " " + Quote(d));
+      if (mv.status != 0) {
+        std::fprintf(stderr, "cleanup: cannot put %s back from %s: %s\n", d, from.c_str(),
+                     mv.output.c_str());
+        return;  // keep the rest where it is, for a person to put back
+      }
+    }
+    Sh("rm -rf " + Quote(aside_));
   }
 
   std::string BuildDebs() {
@@ -384,6 +440,7 @@ class PackagingTest : public ::testing::Test {
   std::string work_;
   bool cleanup_ = false;
   bool installs_ = false;  // TearDown purges the packages and the user
+  std::string aside_;      // where the default directories found here were set aside
   std::vector<TestUser> users_;
   std::unique_ptr<InstalledDaemon> daemon_;
   AmqpTestClient consumer_;
