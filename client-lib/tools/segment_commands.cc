@@ -746,7 +746,8 @@ int RunVerify(std::string_view name, int argc, char** argv) {
         line += ", torn tail of " + std::to_string(scan.torn_tail_bytes) + " bytes (end of data)";
       }
       if (scan.damaged_ranges != 0) {
-        line += ", DAMAGED: " + std::to_string(scan.damaged_ranges) + " ranges, " +
+        line += ", DAMAGED: " + std::to_string(scan.damaged_ranges) +
+                (scan.damaged_ranges == 1 ? " range, " : " ranges, ") +
                 std::to_string(scan.damaged_bytes) + " bytes";
       }
       if (!scan.io_error.empty()) line += ", READ ERROR: " + scan.io_error;

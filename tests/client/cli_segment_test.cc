@@ -370,8 +370,8 @@ TEST_F(CliSegmentTest, VerifyFindsEveryDamageAndRepairKeepsEveryValidRecordSeale
     // The damaged file, byte for byte, in the quarantine.
     ASSERT_EQ(quarantine.List(), std::vector<std::string>{name}) << repair.out;
     const std::string kept = ReadWhole(quarantine.File(name));
-    EXPECT_TRUE(kept.size() == bytes.size() &&
-                std::memcmp(kept.data(), bytes.data(), bytes.size()) == 0);
+    EXPECT_TRUE(std::equal(kept.begin(), kept.end(), bytes.begin(), bytes.end(),
+                           [](char a, std::byte b) { return std::byte(a) == b; }));
     if (d.survivors.empty()) {
       EXPECT_FALSE(std::ifstream(dir.File(name)).good());  // nothing to copy
       continue;
