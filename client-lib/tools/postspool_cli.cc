@@ -88,24 +88,28 @@ constexpr char kPostUsage[] =
 
 // The subcommands. A command that is not here is a usage error. The control
 // commands (status, drain, metrics) take the same signature: adding one is
-// one line, {"status", RunControlCommand, "..."}.
+// one line, {"status", RunControlCommand, "[--json]", "the daemon's state"}.
 struct Command {
   const char* name;
   int (*run)(std::string_view name, int argc, char** argv);
-  const char* synopsis;
+  const char* synopsis;  // after the command name
+  const char* summary;
 };
 
 int RunPost(std::string_view name, int argc, char** argv);
 
 constexpr Command kCommands[] = {
-    {"post", RunPost, "post --rel-path PATH | --file PATH | --json   post file changes"},
-    {"inspect", RunInspect, "inspect [--table] FILE                      show a segment's records"},
-    {"verify", RunVerify, "verify [--repair] DIR|FILE                 check segments, like fsck"},
+    {"post", RunPost, "--rel-path PATH | --file PATH | --json", "post file changes"},
+    {"inspect", RunInspect, "[--table] FILE", "show a segment's records"},
+    {"verify", RunVerify, "[--repair] DIR|FILE", "check segments, like fsck"},
 };
 
 void PrintUsage(FILE* out) {
   std::fputs("usage: postspool COMMAND [options]   (postspool COMMAND --help for more)\n", out);
-  for (const Command& c : kCommands) std::fprintf(out, "  postspool %s\n", c.synopsis);
+  for (const Command& c : kCommands) {
+    const std::string usage = std::string(c.name) + " " + c.synopsis;
+    std::fprintf(out, "  postspool %-46s %s\n", usage.c_str(), c.summary);
+  }
   std::fputs("  postspool --help | --version\n"
              "Exit status: 0 success, 1 operation failed, 2 usage error or bad input,\n"
              "3 daemon unreachable.\n",
