@@ -392,6 +392,31 @@ TEST_F(CliSegmentTest, VerifyFindsEveryDamageAndRepairKeepsEveryValidRecordSeale
   }
 }
 
+TEST_F(CliSegmentTest, CraftedFakeRecordHeadersAreReportedAsAnExhaustedScanBudget) {
+  // As in segment_reader_test: every offset looks like a maximal record
+  // whose checksum fails.
+  std::vector<std::byte> bytes = SegmentBytes({});
+  std::vector<std::byte> fake(16);
+  StoreLe32(fake.data() + 8, segment::kRecordMarker);
+  StoreLe32(fake.data() + 12, segment::kRecordPayloadMax);
+  while (bytes.size() < (4u << 20)) bytes.insert(bytes.end(), fake.begin(), fake.end());
+  WriteWhole(data_.File("crafted"), bytes);
+  const ToolRun r = Postspool({"inspect", data_.File("crafted")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(OfKind(r.out, "record").empty());
+  const auto damaged = OfKind(r.out, "damaged");
+  ASSERT_FALSE(damaged.empty());
+  EXPECT_EQ(damaged.back()["reason"],
+            segment::SkipReasonName(segment::SkipReason::kScanBudgetExhausted));
+  uint64_t covered = 0;
+  for (const json& d : damaged) covered += d["bytes"].get<uint64_t>();
+  for (const json& t : OfKind(r.out, "tornTail")) covered += t["bytes"].get<uint64_t>();
+  EXPECT_EQ(covered, bytes.size() - segment::kHeaderBytes);
+  const ToolRun v = Postspool({"verify", data_.File("crafted")});
+  EXPECT_EQ(v.exit_code, 1);
+  EXPECT_NE(v.out.find("0 records, DAMAGED"), std::string::npos) << v.out;
+}
+
 TEST_F(CliSegmentTest, RepairNeverReplacesAFileInTheQuarantine) {
   const auto all = EveryDamage();
   const std::string name = "1000.000000000000002a.sealed";
