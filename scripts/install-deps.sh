@@ -12,6 +12,8 @@ packages=(
   scdoc
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
+  # the postspool tool: JSON in and out
+  nlohmann-json3-dev
   # fuzzing: clang with libFuzzer and the sanitizer runtimes
   clang-14 libclang-rt-14-dev
   # the broker the integration tests and the run command start on loopback
