@@ -6,6 +6,7 @@
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -13,6 +14,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <span>
 #include <string>
@@ -31,6 +34,54 @@ namespace postspool::testing {
 inline uint64_t TestSeed() {
   if (const char* s = std::getenv("POSTSPOOL_TEST_SEED")) return std::strtoull(s, nullptr, 10);
   return std::random_device{}();
+}
+
+// The whole content of a file ("" if it cannot be read).
+inline std::string ReadWhole(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// What a program run by RunTool did.
+struct ToolRun {
+  int exit_code = -1;  // 128 + the signal that ended it
+  std::string out;
+  std::string err;
+};
+
+// Runs args[0] with `args` and `input` on its stdin, in directory `cwd`
+// when given. Its stdin, stdout and stderr are files in `dir` (removed
+// afterwards), so that no pipe can fill up.
+inline ToolRun RunTool(const std::string& dir, std::vector<std::string> args,
+                       const std::string& input = "", const std::string& cwd = "") {
+  const std::string in_path = dir + "/tool.stdin", out_path = dir + "/tool.stdout",
+                    err_path = dir + "/tool.stderr";
+  std::ofstream(in_path, std::ios::binary) << input;
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int in = ::open(in_path.c_str(), O_RDONLY);
+    const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (in < 0 || out < 0 || err < 0) ::_exit(126);
+    if (!cwd.empty() && ::chdir(cwd.c_str()) != 0) ::_exit(125);
+    ::dup2(in, 0);
+    ::dup2(out, 1);
+    ::dup2(err, 2);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  ToolRun r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = ReadWhole(out_path);
+  r.err = ReadWhole(err_path);
+  for (const std::string& p : {in_path, out_path, err_path}) ::unlink(p.c_str());
+  return r;
 }
 
 // A fresh directory under $TMPDIR (or /tmp), removed with its files at the end.

@@ -29,19 +29,6 @@ namespace {
 
 using nlohmann::json;
 
-struct ToolRun {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string ReadWhole(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 void WriteWhole(const std::string& path, std::span<const std::byte> bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc)
       .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
@@ -77,35 +64,9 @@ class CliSegmentTest : public ::testing::Test {
  protected:
   // Runs the tool with `args`, `input` on stdin, in `cwd` when given.
   ToolRun Postspool(std::vector<std::string> args, const std::string& input = "",
-                const std::string& cwd = "") {
-    const std::string in_path = io_.File("stdin"), out_path = io_.File("stdout"),
-                      err_path = io_.File("stderr");
-    std::ofstream(in_path, std::ios::binary) << input;
+                    const std::string& cwd = "") {
     args.insert(args.begin(), POSTSPOOL_CLI_PATH);
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      const int in = ::open(in_path.c_str(), O_RDONLY);
-      const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      if (in < 0 || out < 0 || err < 0) ::_exit(126);
-      if (!cwd.empty() && ::chdir(cwd.c_str()) != 0) ::_exit(125);
-      ::dup2(in, 0);
-      ::dup2(out, 1);
-      ::dup2(err, 2);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
-    int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    ToolRun r;
-    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    r.out = ReadWhole(out_path);
-    r.err = ReadWhole(err_path);
-    return r;
+    return RunTool(io_.path(), std::move(args), input, cwd);
   }
 
   std::vector<std::string> Transport() const {

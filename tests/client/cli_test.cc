@@ -17,19 +17,6 @@
 namespace postspool::testing {
 namespace {
 
-struct ToolRun {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 class CliTest : public ::testing::Test {
  protected:
   std::string SocketPath() const { return dir_.File("d.sock"); }
@@ -39,35 +26,8 @@ class CliTest : public ::testing::Test {
   // In directory `cwd` when given.
   ToolRun Postspool(std::vector<std::string> args, const std::string& input = "",
                     const std::string& cwd = "") {
-    const std::string in_path = dir_.File("stdin"), out_path = dir_.File("stdout"),
-                      err_path = dir_.File("stderr");
-    std::ofstream(in_path, std::ios::binary) << input;
     args.insert(args.begin(), POSTSPOOL_CLI_PATH);
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      const int in = ::open(in_path.c_str(), O_RDONLY);
-      const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      if (in < 0 || out < 0 || err < 0) ::_exit(126);
-      if (!cwd.empty() && ::chdir(cwd.c_str()) != 0) ::_exit(125);
-      ::dup2(in, 0);
-      ::dup2(out, 1);
-      ::dup2(err, 2);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
-    int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    ToolRun r;
-    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    r.out = Slurp(out_path);
-    r.err = Slurp(err_path);
-    for (const std::string& p : {in_path, out_path, err_path}) ::unlink(p.c_str());
-    return r;
+    return RunTool(dir_.path(), std::move(args), input, cwd);
   }
 
   std::vector<std::string> Transport() const {

@@ -788,28 +788,10 @@ TEST_P(EndToEnd, AFullJournalDiskPausesAdoptionWithBackoffTheDaemonRestartsOnItA
 // stdout in *out.
 int RunPostspoolTool(const std::string& dir, std::vector<std::string> args,
                      const std::string& input, std::string* out) {
-  const std::string in_path = dir + "/tool.stdin", out_path = dir + "/tool.stdout";
-  std::ofstream(in_path, std::ios::binary) << input;
   args.insert(args.begin(), POSTSPOOL_CLI_PATH);
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    const int in = ::open(in_path.c_str(), O_RDONLY);
-    const int o = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    if (in < 0 || o < 0) ::_exit(126);
-    ::dup2(in, 0);
-    ::dup2(o, 1);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  std::ifstream got(out_path, std::ios::binary);
-  out->assign(std::istreambuf_iterator<char>(got), std::istreambuf_iterator<char>());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  ToolRun r = RunTool(dir, std::move(args), input);
+  *out = std::move(r.out);
+  return r.exit_code;
 }
 
 // A body without its pubTime member (the one field a new post changes).
