@@ -87,6 +87,14 @@ struct Config {
   std::string metrics_file = "/run/postspool/metrics.prom";
   uint32_t metrics_interval_ms = 5000;
 
+  // The control socket (`postspool status|drain|metrics`; control.h): any
+  // user may read status and metrics, root and the daemon's group may change
+  // state. Empty: off. At most control_connections_max clients at once, each
+  // served within control_timeout_ms.
+  std::string control_socket_path = "/run/postspool/control.sock";
+  uint32_t control_connections_max = 16;
+  uint32_t control_timeout_ms = 2000;
+
   // Logging: error, warning, info, debug.
   std::string log_level = "info";
 };

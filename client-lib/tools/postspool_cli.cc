@@ -18,6 +18,7 @@
 #include "json_reader.h"
 #include "post_fields.h"
 #include "postspool.h"
+#include "control_commands.h"
 
 namespace {
 
@@ -388,5 +389,8 @@ int main(int argc, char** argv) {
     return kExitOk;
   }
   if (command == "post") return RunPost(argc - 2, argv + 2);
+  if (postspool::cli::IsControlCommand(command)) {
+    return postspool::cli::RunControlCommand(command, argc - 1, argv + 1);
+  }
   return Usage("unknown command \"" + std::string(command) + "\"");
 }
