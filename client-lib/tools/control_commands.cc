@@ -335,7 +335,7 @@ int ParseOptions(std::string_view name, int argc, char** argv, CommonOptions* o)
   optind = 0;  // a full re-initialisation of GNU getopt
   opterr = 0;
   for (;;) {
-    const int c = ::getopt_long(argc, argv, "+h", kLong, nullptr);
+    const int c = ::getopt_long(argc, argv, "h", kLong, nullptr);
     if (c == -1) break;
     switch (c) {
       case 'S':
