@@ -72,6 +72,9 @@ Status ControlServer::Start(const Options& options, Handler handler, Tick tick) 
   if (::chmod(options.path.c_str(), options.mode) != 0) {
     return Status::FromErrno(errno, "chmod " + options.path);
   }
+  if (::lstat(options.path.c_str(), &st) != 0) return Status::FromErrno(errno, "stat " + options.path);
+  socket_dev_ = st.st_dev;
+  socket_ino_ = st.st_ino;
   if (::listen(fd.get(), 64) != 0) return Status::FromErrno(errno, "listen on " + options.path);
   stop_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!stop_fd_.valid()) return Status::FromErrno(errno, "eventfd");
@@ -88,7 +91,11 @@ void ControlServer::Stop() {
   thread_.join();
   clients_.clear();
   listen_fd_.reset();
-  ::unlink(options_.path.c_str());
+  struct stat st;
+  if (::lstat(options_.path.c_str(), &st) == 0 && st.st_dev == socket_dev_ &&
+      st.st_ino == socket_ino_) {
+    ::unlink(options_.path.c_str());
+  }
 }
 
 void ControlServer::Run() {

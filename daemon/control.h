@@ -78,7 +78,8 @@ class ControlServer {
   // Binds the socket (a stale socket file there is replaced; anything else
   // is an error) and starts the thread.
   Status Start(const Options& options, Handler handler, Tick tick);
-  // Stops the thread, closes every connection and removes the socket file.
+  // Stops the thread, closes every connection and removes the socket file
+  // (if it is still the one it bound).
   void Stop();
 
  private:
@@ -105,6 +106,8 @@ class ControlServer {
   Tick tick_;
   UniqueFd listen_fd_;
   UniqueFd stop_fd_;  // eventfd
+  dev_t socket_dev_ = 0;  // the socket file this server bound: Stop removes
+  ino_t socket_ino_ = 0;  // only that one, never a successor's
   std::thread thread_;
   std::vector<Client> clients_;
 };

@@ -52,6 +52,9 @@ constexpr size_t kStatusUidsMax = 20;
 constexpr size_t kQuarantineCountMax = 100000;
 // Rates are over the last minute, from one sample of the counters a second.
 constexpr auto kRateWindow = 60s;
+// Posts in flight and no confirm for this long: unhealthy (a broker that
+// froze, or a network that black-holes, before the heartbeat notices).
+constexpr int64_t kConfirmStallMs = 30000;
 
 using nlohmann::json;
 
@@ -546,6 +549,11 @@ json Daemon::StatusReply() const {
   std::vector<std::string> unhealthy;
   if (stopping) unhealthy.push_back("the daemon is stopping");
   if (f.state != "connected") unhealthy.push_back("the broker connection is " + f.state);
+  if (f.confirm_wait_ms >= kConfirmStallMs) {
+    unhealthy.push_back("the broker confirmed nothing for " +
+                        std::to_string(f.confirm_wait_ms / 1000) + " s with " +
+                        std::to_string(f.in_flight) + " posts in flight");
+  }
 
   json broker = {{"url", f.broker}, {"state", f.state},
                  {"connect_failures_in_row", f.connect_failures_in_row},
@@ -560,6 +568,7 @@ json Daemon::StatusReply() const {
   json backlog = {{"posts", f.backlog_posts}, {"posts_exact", f.backlog_posts_exact},
                   {"journal_bytes", usage_.bytes.load(std::memory_order_relaxed)},
                   {"in_flight", f.in_flight},
+                  {"confirm_wait_s", static_cast<double>(f.confirm_wait_ms) / 1000.0},
                   {"watermark", Position(forwarder_->watermark())},
                   {"committed", Position(commits_.committed())}};
   if (f.oldest_unconfirmed_pub_unix_ns > 0) {

@@ -844,6 +844,7 @@ void Forwarder::OnAck(uint64_t delivery_tag, bool multiple) {
   Add(metrics_->confirmed_total, r.confirmed);
   Add(metrics_->unroutable_dropped_total, r.dropped);
   confirms_this_connection_ += r.confirmed;
+  if (r.confirmed > 0 || r.dropped > 0) last_progress_ = Clock::now();
   if (r.dropped > 0) {
     // Logged here, when they are dropped (at their ack), with exact counts.
     drops_unlogged_ += r.dropped;
@@ -1003,8 +1004,18 @@ void Forwarder::UpdateSnapshot() {
   const uint64_t done = window_ ? window_->done_total() : 0;
   s.backlog_posts = counted_ > done ? counted_ - done : 0;
   s.backlog_posts_exact = count_caught_up_ && count_reader_.position() >= commits_->committed();
-  s.oldest_unconfirmed_pub_unix_ns = oldest_pub_ns_;
+  // Everything committed is confirmed: nothing is old, whatever the last
+  // peek (at most kPeekInterval ago) read.
+  const bool empty = window_ && window_->watermark() >= commits_->committed();
+  s.oldest_unconfirmed_pub_unix_ns = empty ? 0 : oldest_pub_ns_;
   s.in_flight = window_ ? window_->in_flight() : 0;
+  if (s.in_flight == 0) {
+    last_progress_ = Clock::time_point{};
+  } else {
+    // The first look with posts in flight starts the clock.
+    if (last_progress_ == Clock::time_point{}) last_progress_ = Clock::now();
+    s.confirm_wait_ms = std::chrono::duration_cast<milliseconds>(Clock::now() - last_progress_).count();
+  }
   s.last_unroutable_drop_unix_ms = last_drop_unix_ms_;
   std::lock_guard lock(snapshot_mu_);
   snapshot_ = std::move(s);

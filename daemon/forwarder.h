@@ -150,6 +150,9 @@ class Forwarder final : private AmqpSession::Handler {
     bool backlog_posts_exact = false;  // false: still counting, a lower bound
     int64_t oldest_unconfirmed_pub_unix_ns = 0;  // 0: no backlog (or not read yet)
     uint64_t in_flight = 0;
+    // With posts in flight: how long since the broker last confirmed
+    // anything (or since they were published, if later); 0 with none.
+    int64_t confirm_wait_ms = 0;
     int64_t last_unroutable_drop_unix_ms = 0;
   };
   Snapshot snapshot() const;
@@ -279,6 +282,7 @@ class Forwarder final : private AmqpSession::Handler {
   uint64_t drops_unlogged_ = 0;
   Clock::time_point next_drop_log_;
   int64_t last_drop_unix_ms_ = 0;
+  Clock::time_point last_progress_;  // last confirm, or the first publish after none in flight
   JournalReader retry_reader_;  // re-reads records to publish them again
   std::unique_ptr<PublishWindow> window_;
   Backoff connect_backoff_;

@@ -444,6 +444,8 @@ int RunDrain(const CommonOptions& o) {
   for (;;) {
     const json& bl = O(reply, "backlog");
     const uint64_t left = U(bl, "posts");
+    // While the daemon is still counting a large backlog, a lower bound.
+    const char* at_least = bl.value("posts_exact", true) ? "" : "at least ";
     const bool done = PositionAtLeast(bl.value("watermark", json()), target);
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     const double rate = elapsed > 0 ? static_cast<double>(settled(reply) - settled_at_start) / elapsed : 0;
@@ -459,14 +461,14 @@ int RunDrain(const CommonOptions& o) {
       constexpr int kWidth = 30;
       const double frac = done ? 1.0 : 1.0 - static_cast<double>(left) / static_cast<double>(total);
       const int filled = std::clamp(static_cast<int>(frac * kWidth), 0, kWidth);
-      std::printf("\r[%s%s] %3d%%  %llu posts left  %.1f posts/s  %s to go  broker %s\x1b[K",
+      std::printf("\r[%s%s] %3d%%  %s%llu posts left  %.1f posts/s  %s to go  broker %s\x1b[K",
                   std::string(static_cast<size_t>(filled), '#').c_str(),
                   std::string(static_cast<size_t>(kWidth - filled), '.').c_str(),
-                  static_cast<int>(frac * 100), static_cast<unsigned long long>(left), rate,
+                  static_cast<int>(frac * 100), at_least, static_cast<unsigned long long>(left), rate,
                   eta.c_str(), broker.c_str());
       std::fflush(stdout);
     } else if (done || Clock::now() >= next_line) {
-      std::printf("drain: %llu posts left, %.1f posts/s, %s to go, broker %s\n",
+      std::printf("drain: %s%llu posts left, %.1f posts/s, %s to go, broker %s\n", at_least,
                   static_cast<unsigned long long>(left), rate, eta.c_str(), broker.c_str());
       std::fflush(stdout);
       next_line = Clock::now() + kDrainLineInterval;
