@@ -144,6 +144,7 @@ Status ParseConfig(const std::string& text, const std::string& origin, Config* c
       {"control_socket_path", [&](auto v) { c->control_socket_path = v; return true; }},
       {"control_connections_max", [&](auto v) { return ParseU32(v, &c->control_connections_max) && c->control_connections_max > 0; }},
       {"control_timeout_ms", [&](auto v) { return ParseU32(v, &c->control_timeout_ms) && c->control_timeout_ms > 0; }},
+      {"health_confirm_stall_ms", [&](auto v) { return ParseU32(v, &c->health_confirm_stall_ms) && c->health_confirm_stall_ms > 0; }},
       {"metrics_interval_ms", [&](auto v) { return ParseU32(v, &c->metrics_interval_ms) && c->metrics_interval_ms > 0; }},
       {"log_level", [&](auto v) {
          c->log_level = v;

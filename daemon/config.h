@@ -94,6 +94,9 @@ struct Config {
   std::string control_socket_path = "/run/postspool/control.sock";
   uint32_t control_connections_max = 16;
   uint32_t control_timeout_ms = 2000;
+  // `postspool status` calls the daemon unhealthy when posts are in flight
+  // and the broker confirmed nothing for this long.
+  uint32_t health_confirm_stall_ms = 30000;
 
   // Logging: error, warning, info, debug.
   std::string log_level = "info";

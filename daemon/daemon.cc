@@ -52,9 +52,6 @@ constexpr size_t kStatusUidsMax = 20;
 constexpr size_t kQuarantineCountMax = 100000;
 // Rates are over the last minute, from one sample of the counters a second.
 constexpr auto kRateWindow = 60s;
-// Posts in flight and no confirm for this long: unhealthy (a broker that
-// froze, or a network that black-holes, before the heartbeat notices).
-constexpr int64_t kConfirmStallMs = 30000;
 
 using nlohmann::json;
 
@@ -549,7 +546,9 @@ json Daemon::StatusReply() const {
   std::vector<std::string> unhealthy;
   if (stopping) unhealthy.push_back("the daemon is stopping");
   if (f.state != "connected") unhealthy.push_back("the broker connection is " + f.state);
-  if (f.confirm_wait_ms >= kConfirmStallMs) {
+  // Posts in flight and no confirm for a while: a broker that froze, or a
+  // network that black-holes, before the heartbeat notices.
+  if (f.confirm_wait_ms >= static_cast<int64_t>(config_.health_confirm_stall_ms)) {
     unhealthy.push_back("the broker confirmed nothing for " +
                         std::to_string(f.confirm_wait_ms / 1000) + " s with " +
                         std::to_string(f.in_flight) + " posts in flight");

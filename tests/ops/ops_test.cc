@@ -187,7 +187,10 @@ TEST_F(Ops, StatusIsHealthyAndCountsEveryPostWithTheBrokerUp) {
   StartDaemon(broker_->url());
   Post(20);
   const json j = WaitStatus([](const json& s) { return s["posts"]["confirmed"] == 20; });
-  EXPECT_EQ(j["posts"]["received"]["socket"], 20);
+  // By socket, or by spool when a post's time budget ran out on a loaded
+  // machine: each counted once.
+  EXPECT_EQ(j["posts"]["received"]["socket"].get<int>() + j["posts"]["received"]["spool"].get<int>(),
+            20);
   EXPECT_EQ(j["posts"]["journaled"], 20);
   EXPECT_GE(j["posts"]["published"].get<int>(), 20);
   EXPECT_EQ(j["posts"]["dropped_unroutable"], 0);
@@ -268,11 +271,20 @@ TEST_F(Ops, UnroutablePostsAreCountedInStatusAndTheLog) {
 
 TEST_F(Ops, DrainWaitsForAFrozenBrokerAndDrawsAProgressBarOnATerminal) {
   ASSERT_TRUE(consumer_.DeclareBoundQueue(queue_, exchange_).ok());
-  StartDaemon(broker_->url(), {"heartbeat_s = 60"});
+  StartDaemon(broker_->url(), {"heartbeat_s = 60", "health_confirm_stall_ms = 1500"});
   WaitStatus([](const json& s) { return s["broker"]["state"] == "connected"; });
   broker_->Pause();
   Post(40);
-  WaitStatus([](const json& s) { return s["backlog"]["posts"] == 40; });
+  // Frozen: the connection looks open, but nothing is confirmed.
+  const json frozen = WaitStatus([](const json& s) {
+    return s["backlog"]["posts"] == 40 && s["healthy"] == false;
+  });
+  EXPECT_EQ(frozen["broker"]["state"], "connected");
+  EXPECT_NE(frozen["unhealthy_reasons"].dump().find("confirmed nothing for"), std::string::npos)
+      << frozen.dump(2);
+  int rc = -1;
+  Status(&rc);
+  EXPECT_EQ(rc, 1);
   // drain in a pseudo-terminal.
   int master = -1;
   const pid_t pid = ::forkpty(&master, nullptr, nullptr, nullptr);
@@ -316,6 +328,9 @@ TEST_F(Ops, DrainWaitsForAFrozenBrokerAndDrawsAProgressBarOnATerminal) {
   EXPECT_NE(screen.find("] 100%"), std::string::npos) << screen;
   EXPECT_NE(screen.find("to go"), std::string::npos) << screen;
   EXPECT_NE(screen.find("drained: everything journaled"), std::string::npos) << screen;
+  const json thawed = WaitStatus([](const json& x) { return x["healthy"] == true; });
+  EXPECT_EQ(thawed["backlog"]["posts"], 0);
+  EXPECT_EQ(thawed["posts"]["confirmed"], 40);
   std::vector<ReceivedMessage> got;
   ASSERT_TRUE(consumer_.GetAll(queue_, &got).ok());
   EXPECT_GE(got.size(), 40u);
@@ -411,7 +426,9 @@ TEST_F(Ops, MetricsParseWithThePrometheusParserFromTheSocketAndTheFile) {
   uint64_t value = 0;
   while (lines >> name >> value) socket_values[name] = value;
   EXPECT_EQ(socket_values["postspool_confirmed_total"], 7u);
-  EXPECT_EQ(socket_values["postspool_socket_posts_journaled_total"], 7u);
+  EXPECT_EQ(socket_values["postspool_socket_posts_journaled_total"] +
+                socket_values["postspool_spool_posts_journaled_total"],
+            7u);
   EXPECT_EQ(socket_values["postspool_backlog_posts"], 0u);
   EXPECT_GE(socket_values["postspool_control_requests_total"], 1u);
   // The file (node_exporter's textfile collector): the same names, and
