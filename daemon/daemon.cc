@@ -29,6 +29,7 @@
 #include "io_loop.h"
 #include "journal.h"
 #include "log.h"
+#include "log_limiter.h"
 #include "metrics.h"
 #include "notify.h"
 #include "post.h"
@@ -237,6 +238,7 @@ class Daemon {
   mutable std::mutex rates_mu_;  // rate_samples_ is read by the handler on the same thread,
                                  // but also by nothing else; the lock keeps it simple to extend
   Clock::time_point last_notify_{};
+  LogLimiter denied_limiter_;  // the control thread's
 
   Clock::time_point last_periodic_{};
   Clock::time_point last_metrics_{};
@@ -459,7 +461,8 @@ void Daemon::Periodic(Clock::time_point now) {
 
 void Daemon::NotifyStatus() {
   if (ingest_->stopping()) return;
-  const Forwarder::Snapshot f = forwarder_->snapshot();
+  Forwarder::Snapshot f;
+  if (!forwarder_->TrySnapshot(&f)) return;  // the next time
   char line[256];
   std::snprintf(line, sizeof line, "STATUS=accepting posts; backlog %s%" PRIu64
                 " posts, %" PRIu64 " journal bytes; broker %s",
@@ -470,7 +473,10 @@ void Daemon::NotifyStatus() {
 
 std::string Daemon::RenderMetrics() {
   metrics_.journal_bytes.store(usage_.bytes.load(std::memory_order_relaxed), std::memory_order_relaxed);
-  const Forwarder::Snapshot f = forwarder_->snapshot();
+  Forwarder::Snapshot f;
+  // Called on the ingest thread too, which never waits for a lock: if the
+  // forwarder holds it, the backlog gauges keep their last values.
+  if (!forwarder_->TrySnapshot(&f)) return metrics_.RenderPrometheus();
   metrics_.backlog_posts.store(f.backlog_posts, std::memory_order_relaxed);
   uint64_t age_s = 0;
   if (f.oldest_unconfirmed_pub_unix_ns > 0) {
@@ -508,9 +514,14 @@ json Daemon::HandleControl(const json& request, const ControlPeer& peer) {
   }
   if (!peer.may_change) {
     metrics_.control_requests_denied_total.fetch_add(1, std::memory_order_relaxed);
-    PS_LOG_WARNING("control socket: refused \"%s\" from uid %u (pid %d): only root and the "
-                   "daemon's group may change its state",
-                   what.c_str(), static_cast<unsigned>(peer.uid), static_cast<int>(peer.pid));
+    uint64_t unlogged = 0;
+    if (denied_limiter_.Allow(LogLimiter::Clock::now(), &unlogged)) {
+      PS_LOG_WARNING("control socket: refused \"%s\" from uid %u (pid %d): only root and the "
+                     "daemon's group may change its state (%" PRIu64 " more refused since the "
+                     "last such line)",
+                     what.c_str(), static_cast<unsigned>(peer.uid), static_cast<int>(peer.pid),
+                     unlogged);
+    }
     return json{{"ok", false}, {"denied", true},
                 {"error", "permission denied: \"" + what +
                               "\" changes the daemon's state; only root and members of the "

@@ -1026,6 +1026,13 @@ Forwarder::Snapshot Forwarder::snapshot() const {
   return snapshot_;
 }
 
+bool Forwarder::TrySnapshot(Snapshot* out) const {
+  std::unique_lock lock(snapshot_mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
+  *out = snapshot_;
+  return true;
+}
+
 void Forwarder::RequestReconnect() {
   reconnect_requested_.store(true);
   Wake();

@@ -156,6 +156,9 @@ class Forwarder final : private AmqpSession::Handler {
     int64_t last_unroutable_drop_unix_ms = 0;
   };
   Snapshot snapshot() const;
+  // The same without waiting: false (and *out untouched) if the forwarder
+  // holds the lock right now. For the ingest thread, which never waits.
+  bool TrySnapshot(Snapshot* out) const;
 
   // Ends the back-off wait: the next connect is tried at once (no effect
   // while connected). Thread-safe.
