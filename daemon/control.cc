@@ -112,7 +112,9 @@ void ControlServer::Run() {
     Clock::time_point wake = next_tick;
     fds.clear();
     fds.push_back(pollfd{stop_fd_.get(), POLLIN, 0});
-    fds.push_back(pollfd{listen_fd_.get(), POLLIN, 0});
+    const bool accepting = now >= accept_paused_until_;
+    fds.push_back(pollfd{listen_fd_.get(), static_cast<short>(accepting ? POLLIN : 0), 0});
+    if (!accepting) wake = std::min(wake, accept_paused_until_);
     for (const Client& c : clients_) {
       fds.push_back(pollfd{c.fd.get(), static_cast<short>(c.replying ? POLLOUT : POLLIN), 0});
       wake = std::min(wake, c.deadline);
@@ -148,7 +150,15 @@ void ControlServer::Accept() {
   // clients already accepted from being served.
   for (int n = 0; n < 16; ++n) {
     UniqueFd fd(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
-    if (!fd.valid()) return;  // EAGAIN, or EMFILE and the like: tried again next round
+    if (!fd.valid()) {
+      if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) {
+        // EMFILE and the like: the pending connection stays readable, so
+        // pause rather than spin; counted as refused.
+        metrics_->control_connections_refused_total.fetch_add(1, std::memory_order_relaxed);
+        accept_paused_until_ = Clock::now() + std::chrono::milliseconds(100);
+      }
+      return;
+    }
     metrics_->control_connections_total.fetch_add(1, std::memory_order_relaxed);
     if (clients_.size() >= options_.connections_max) {
       metrics_->control_connections_refused_total.fetch_add(1, std::memory_order_relaxed);

@@ -110,6 +110,9 @@ class ControlServer {
   ino_t socket_ino_ = 0;  // only that one, never a successor's
   std::thread thread_;
   std::vector<Client> clients_;
+  // accept() failed (EMFILE...): the listening socket is not polled until
+  // then, so that the thread does not spin on it.
+  std::chrono::steady_clock::time_point accept_paused_until_{};
 };
 
 }  // namespace postspool::daemon
