@@ -21,7 +21,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
-#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -260,11 +259,13 @@ TEST_F(Ops, UnroutablePostsAreCountedInStatusAndTheLog) {
   const std::string log = daemon_->LogText();
   EXPECT_NE(log.find("3 posts were dropped as unroutable since start"), std::string::npos) << log;
   // Each drop line states how many since start; the last says 3.
+  // (No std::regex: GCC 12 warns falsely inside it under ASan.)
   std::string last;
-  const std::regex since_start(R"(unroutable posts \((\d+) since start\))");
-  for (auto it = std::sregex_iterator(log.begin(), log.end(), since_start);
-       it != std::sregex_iterator(); ++it) {
-    last = (*it)[1];
+  const std::string marker = "unroutable posts (";
+  for (size_t at = log.find(marker); at != std::string::npos; at = log.find(marker, at + 1)) {
+    const size_t from = at + marker.size();
+    const size_t to = log.find(" since start)", from);
+    if (to != std::string::npos) last = log.substr(from, to - from);
   }
   EXPECT_EQ(last, "3") << log;
 }
