@@ -444,7 +444,7 @@ void Daemon::Periodic(Clock::time_point now) {
     last_watchdog_ = now;
     NotifySystemd("WATCHDOG=1");
   }
-  if (control_) {
+  {
     // Never waits: if the control thread holds the lock, next time.
     std::unique_lock lock(usage_mu_, std::try_to_lock);
     if (lock.owns_lock()) {

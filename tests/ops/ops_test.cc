@@ -510,6 +510,55 @@ TEST_F(Ops, ControlSocketAnswersBadRequestsAndBoundsIdleClients) {
   EXPECT_NE(text.find("postspool_control_connections_refused_total 1\n"), std::string::npos) << text;
 }
 
+TEST_F(Ops, UnderSystemdLinesCarryPrioritiesAndStatusShowsTheBacklog) {
+  DaemonProcess::Options o;
+  o.broker_url = "amqp://guest:guest@127.0.0.1:" + std::to_string(UnusedPort()) + "/";
+  o.exchange = exchange_;
+  daemon_ = std::make_unique<DaemonProcess>(o);
+  // What systemd does: stderr is a stream whose device and inode are in
+  // JOURNAL_STREAM, and NOTIFY_SOCKET is a datagram socket.
+  const std::string log = daemon_->log_path();
+  const int log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(log_fd, 0);
+  struct stat st;
+  ASSERT_EQ(::fstat(log_fd, &st), 0);
+  ::close(log_fd);
+  const std::string notify_path = daemon_->root() + "/notify.sock";
+  const int notify = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::snprintf(a.sun_path, sizeof a.sun_path, "%s", notify_path.c_str());
+  ASSERT_EQ(::bind(notify, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  const std::string stream = std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
+  ::setenv("JOURNAL_STREAM", stream.c_str(), 1);
+  ::setenv("NOTIFY_SOCKET", notify_path.c_str(), 1);
+  const bool started = daemon_->Start();
+  ::unsetenv("JOURNAL_STREAM");
+  ::unsetenv("NOTIFY_SOCKET");
+  ASSERT_TRUE(started);
+  Post(4);
+  std::string messages, found;
+  const Clock::time_point end = Clock::now() + 30s;
+  while (found.empty() && Clock::now() < end) {
+    pollfd p{notify, POLLIN, 0};
+    if (::poll(&p, 1, 500) <= 0) continue;
+    char buf[512];
+    const ssize_t n = ::recv(notify, buf, sizeof buf, 0);
+    if (n <= 0) continue;
+    const std::string m(buf, static_cast<size_t>(n));
+    messages += m + "\n";
+    if (m.find("backlog 4 posts") != std::string::npos) found = m;
+  }
+  ::close(notify);
+  EXPECT_NE(messages.find("READY=1"), std::string::npos) << messages;
+  ASSERT_FALSE(found.empty()) << messages;
+  EXPECT_NE(found.find("STATUS=accepting posts; backlog 4 posts"), std::string::npos) << found;
+  EXPECT_NE(found.find("broker waiting"), std::string::npos) << found;
+  const std::string text = daemon_->LogText();
+  EXPECT_EQ(text.rfind("<6>info: ", 0), 0u) << text;
+  EXPECT_NE(text.find("\n<4>warning: forwarder: cannot use broker"), std::string::npos) << text;
+}
+
 TEST_F(Ops, ExitCodesForUsageErrorsAndAnUnreachableDaemon) {
   std::string out, err;
   EXPECT_EQ(RunProgram({cli_, "status", "--control-socket", "/nonexistent/control.sock"}, &out, &err), 3);
