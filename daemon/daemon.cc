@@ -336,6 +336,10 @@ Status Daemon::Start() {
   ingest_->set_round_hook([this](Clock::time_point now) { Periodic(now); });
   started_unix_ms_ = UnixMs();
   if (!config_.control_socket_path.empty()) {
+    const std::string& cpath = config_.control_socket_path;
+    if (const size_t slash = cpath.rfind('/'); slash != std::string::npos && slash > 0) {
+      if (Status s = MakeDirs(cpath.substr(0, slash), 0755); !s.ok()) return s;
+    }
     ControlServer::Options co;
     co.path = config_.control_socket_path;
     co.connections_max = config_.control_connections_max;
