@@ -149,6 +149,22 @@ class RealJournal final : public JournalPort {
       : writer_(writer), usage_(usage), commits_(commits) {}
   void set_forwarder(const Forwarder* f) { forwarder_ = f; }
 
+  bool NeedsSegment(uint64_t bytes) const override { return writer_->NeedsSegment(bytes); }
+  std::function<int64_t()> NewSegmentTask() override {
+    // The task runs on the loop's worker thread: it gets copies, and leaves
+    // its result where SegmentDone() (on the loop's thread, after the
+    // loop's completion handoff) takes it.
+    auto made = std::make_shared<NewJournalSegment>();
+    made_ = made;
+    return [made, dirfd = writer_->dirfd(), seq = writer_->next_seq(), sync = writer_->sync()] {
+      *made = CreateJournalSegment(dirfd, seq, sync);
+      return made->status.ok() ? int64_t{0} : int64_t{-1};
+    };
+  }
+  Status SegmentDone() override {
+    std::shared_ptr<NewJournalSegment> made = std::move(made_);
+    return writer_->Install(std::move(*made));
+  }
   Status Reserve(uint64_t bytes, Slot* slot) override {
     JournalWriter::Slot s;
     if (Status st = writer_->Reserve(bytes, &s); !st.ok()) return st;
@@ -170,6 +186,7 @@ class RealJournal final : public JournalPort {
   JournalUsage* usage_;
   CommitChannel* commits_;
   const Forwarder* forwarder_ = nullptr;
+  std::shared_ptr<NewJournalSegment> made_;  // of the segment task in flight
 };
 
 uint64_t RandomU64() {

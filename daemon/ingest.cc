@@ -15,6 +15,7 @@ namespace {
 
 constexpr uint64_t kCookieWrite = 1;
 constexpr uint64_t kCookieSync = 2;
+constexpr uint64_t kCookieSegment = 3;
 // After a failed journal write adoption pauses, doubling from this to the
 // maximum (full jitter).
 constexpr uint32_t kAdoptionRetryInitialMs = 100;
@@ -333,18 +334,34 @@ void Ingest::StartWrite() {
   if (write_in_flight_ || filling_.records == 0) return;
   std::swap(filling_, writing_);
   filling_.Clear();
+  write_in_flight_ = true;
+  if (ports_.journal->NeedsSegment(writing_.bytes.size())) {
+    // The batch waits for its segment; the loop goes on meanwhile.
+    loop_->SubmitTask(ports_.journal->NewSegmentTask(), kCookieSegment);
+    return;
+  }
+  SubmitBatchWrite();
+}
+
+void Ingest::SubmitBatchWrite() {
   if (Status s = ports_.journal->Reserve(writing_.bytes.size(), &slot_); !s.ok()) {
     BatchFailed(s.ToString());
     return;
   }
-  write_in_flight_ = true;
   metrics_->journal_writes_total.fetch_add(1, std::memory_order_relaxed);
   loop_->SubmitWrite(slot_.fd, writing_.bytes.data(), writing_.bytes.size(),
                      slot_.position.offset, kCookieWrite);
 }
 
 void Ingest::OnIoDone(uint64_t cookie, int64_t result) {
-  if (cookie == kCookieWrite) {
+  if (cookie == kCookieSegment) {
+    if (Status s = ports_.journal->SegmentDone(); !s.ok()) {
+      BatchFailed(s.ToString());
+      return;
+    }
+    metrics_->journal_segments_created_total.fetch_add(1, std::memory_order_relaxed);
+    SubmitBatchWrite();
+  } else if (cookie == kCookieWrite) {
     if (result != static_cast<int64_t>(writing_.bytes.size())) {
       ports_.journal->Abandon();
       BatchFailed(result < 0 ? std::string("write: ") + std::strerror(static_cast<int>(-result))

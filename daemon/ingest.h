@@ -128,6 +128,8 @@ class Ingest final : public IoCallbacks {
                std::optional<pid_t> pid, Batch* batch);
   void FeedAdoption(Clock::time_point now);
   void StartWrite();
+  // Reserves the journal slot of writing_ and submits its write.
+  void SubmitBatchWrite();
   void BatchCommitted();
   void BatchFailed(const std::string& why);
   void ForgetConfirmed();
@@ -152,7 +154,7 @@ class Ingest final : public IoCallbacks {
 
   Batch filling_;
   Batch writing_;
-  bool write_in_flight_ = false;
+  bool write_in_flight_ = false;  // writing_ is written, synced, or waits for its segment
   JournalPort::Slot slot_;
   uint64_t adopted_uncommitted_ = 0;
   // Adoption pauses after a failed journal write, with a back-off, so that

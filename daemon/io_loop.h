@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -84,6 +85,14 @@ class IoLoop {
                            uint64_t cookie) = 0;
   // fdatasync(fd).
   virtual void SubmitSync(int fd, uint64_t cookie) = 0;
+  // Runs `task` where it cannot stall the loop and reports its result with
+  // OnIoDone(cookie, result): for work io_uring has no operation for
+  // (creating a journal segment). The io_uring backend runs it on its one
+  // worker thread; the epoll backend inline, as it does its writes and
+  // syncs. `task` must touch nothing the loop's thread uses. At most
+  // kTasksMax outstanding.
+  virtual void SubmitTask(std::function<int64_t()> task, uint64_t cookie) = 0;
+  static constexpr size_t kTasksMax = 4;
 
   // Runs one round: waits up to `timeout_ms` (-1: no limit) for events,
   // delivers them, then OnRoundEnd. An error here is fatal for the loop.

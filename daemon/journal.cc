@@ -190,42 +190,55 @@ Status JournalWriter::Open(const Options& options, JournalUsage* usage,
   return Status::Ok();
 }
 
-Status JournalWriter::StartSegment() {
-  const uint64_t seq = next_seq_;
+NewJournalSegment CreateJournalSegment(int dirfd, uint64_t seq, bool sync) {
+  NewJournalSegment out;
+  out.seq = seq;
   const std::string name = JournalSegmentName(seq);
-  UniqueFd fd;
   // The journal is the daemon's: 0600. The name never shows a partial
   // header; with `sync` the header and the directory entry also survive a
   // power loss.
-  Status s = segment::CreateSegment(dirfd_.get(), name, segment::NewHeader(seq), 0600,
-                                    options_.sync, &fd);
-  if (!s.ok()) {
+  out.status = segment::CreateSegment(dirfd, name, segment::NewHeader(seq), 0600, sync, &out.fd);
+  // Appends go through pwrite at offsets the writer tracks, so that io_uring
+  // can write them; the descriptor must not be O_APPEND.
+  if (out.status.ok() && ::fcntl(out.fd.get(), F_SETFL, 0) != 0) {
+    out.status = Status::FromErrno(errno, "fcntl journal");
+  }
+  if (!out.status.ok()) {
+    out.fd.reset();
     // A failure after the name was linked (syncing the directory) leaves a
     // segment holding only its header: it counts, and its seq is used up,
     // or every later attempt would fail with EEXIST.
-    uint64_t bytes = 0;
-    if (SegmentBytesOnDisk(dirfd_.get(), name, &bytes).ok()) {
-      usage_->bytes.fetch_add(bytes);
-      next_seq_ = seq + 1;
-    }
-    return s;
+    out.name_used = SegmentBytesOnDisk(dirfd, name, &out.bytes_on_disk).ok();
+  } else {
+    out.name_used = true;
+    out.bytes_on_disk = segment::kHeaderBytes;
   }
-  fd_.reset();
-  next_seq_ = seq + 1;
-  usage_->bytes.fetch_add(segment::kHeaderBytes);
-  // Appends go through pwrite at offsets the writer tracks, so that io_uring
-  // can write them; the descriptor must not be O_APPEND.
-  if (::fcntl(fd.get(), F_SETFL, 0) != 0) return Status::FromErrno(errno, "fcntl journal");
-  fd_ = std::move(fd);
-  end_ = JournalPosition{seq, segment::kHeaderBytes};
+  return out;
+}
+
+Status JournalWriter::Install(NewJournalSegment segment) {
+  assert(segment.seq == next_seq_);
+  if (segment.name_used) {
+    usage_->bytes.fetch_add(segment.bytes_on_disk);
+    next_seq_ = segment.seq + 1;
+  }
+  if (!segment.status.ok()) return segment.status;
+  fd_ = std::move(segment.fd);
+  end_ = JournalPosition{segment.seq, segment::kHeaderBytes};
   return Status::Ok();
+}
+
+bool JournalWriter::NeedsSegment(uint64_t bytes) const {
+  return !fd_.valid() ||
+         (end_.offset > segment::kHeaderBytes && end_.offset + bytes > options_.segment_bytes_max);
 }
 
 Status JournalWriter::Reserve(uint64_t bytes, Slot* slot) {
   assert(!reservation_open_);
-  if (!fd_.valid() ||
-      (end_.offset > segment::kHeaderBytes && end_.offset + bytes > options_.segment_bytes_max)) {
-    if (Status s = StartSegment(); !s.ok()) return s;
+  if (NeedsSegment(bytes)) {
+    if (Status s = Install(CreateJournalSegment(dirfd_.get(), next_seq_, options_.sync)); !s.ok()) {
+      return s;
+    }
   }
   reservation_open_ = true;
   reserved_ = bytes;

@@ -76,6 +76,24 @@ class CommitChannel {
   UniqueFd event_fd_;
 };
 
+// A new journal segment, made by CreateJournalSegment (on any thread) for
+// JournalWriter::Install (on the writer's).
+struct NewJournalSegment {
+  uint64_t seq = 0;
+  UniqueFd fd;  // open O_RDWR, not O_APPEND (the loop writes at offsets)
+  Status status;
+  // The name exists (even if a later step failed): its seq is used up, and
+  // its bytes count.
+  bool name_used = false;
+  uint64_t bytes_on_disk = 0;
+};
+// Creates segment `seq` in the journal directory `dirfd` holding only its
+// header (segment::CreateSegment: the name never shows a partial header;
+// with `sync` the header and the name are durable). Touches nothing but the
+// file system: the io_uring backend runs it on its worker thread, so that
+// the ingest loop never waits for it.
+NewJournalSegment CreateJournalSegment(int dirfd, uint64_t seq, bool sync);
+
 // Appends records to the newest journal segment; starts a new segment for
 // its first write (an older segment's tail may be torn) and when a segment
 // would exceed segment_bytes_max. Not thread-safe: the ingest loop's own.
@@ -108,9 +126,20 @@ class JournalWriter {
     JournalPosition position;  // where the first byte goes
   };
   // Reserves `bytes` at the end of the current segment, creating the segment
-  // first if there is none yet or it is full. Only one reservation may be
-  // outstanding: call Committed() or Abandon() before the next.
+  // first if there is none yet or it is full (NeedsSegment). Only one
+  // reservation may be outstanding: call Committed() or Abandon() before the
+  // next.
   Status Reserve(uint64_t bytes, Slot* slot);
+  // True when Reserve(bytes) would create a segment first. The ingest loop
+  // has CreateJournalSegment(dirfd(), next_seq(), sync()) run off its
+  // thread, Install()s the result, and then reserves.
+  bool NeedsSegment(uint64_t bytes) const;
+  uint64_t next_seq() const { return next_seq_; }
+  bool sync() const { return options_.sync; }
+  // Makes `segment` (created for next_seq()) the current one, or records
+  // its failure (a name left behind uses up its seq and counts); returns
+  // its status (kNoSpace for ENOSPC/EDQUOT): the next batch tries again.
+  Status Install(NewJournalSegment segment);
   // The reserved bytes are written; returns the new end.
   JournalPosition Committed();
   // The write of the reserved bytes failed: the segment is finished (its
@@ -132,7 +161,6 @@ class JournalWriter {
 
  private:
   JournalWriter(Options options, UniqueFd dirfd, JournalUsage* usage, uint64_t next_seq);
-  Status StartSegment();
 
   Options options_;
   UniqueFd dirfd_;

@@ -40,6 +40,7 @@ std::string Metrics::RenderPrometheus() const {
   PS_GAUGE(quarantine_bytes);
   PS_GAUGE(disk_bytes);
   PS_COUNTER(journal_writes_total);
+  PS_COUNTER(journal_segments_created_total);
   PS_COUNTER(journal_write_errors_total);
   PS_COUNTER(journal_bytes_skipped_total);
   PS_COUNTER(journal_segments_damaged_total);

@@ -41,6 +41,7 @@ struct Metrics {
   std::atomic<uint64_t> disk_bytes{0};        // gauge: journal + spool + quarantine
   // Journal.
   Counter journal_writes_total{0};
+  Counter journal_segments_created_total{0};
   Counter journal_write_errors_total{0};
   Counter journal_bytes_skipped_total{0};
   Counter journal_segments_damaged_total{0};  // unreadable segments skipped, kept in damaged/

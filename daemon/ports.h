@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,8 +43,20 @@ class JournalPort {
     int fd = -1;               // valid until the next Reserve()
     JournalPosition position;  // where the first byte goes
   };
-  // May create a new segment; a failure (kNoSpace, kIoError) leaves nothing
-  // reserved, and the next call tries again.
+  // True when a batch of `bytes` needs a new segment first (none yet, the
+  // last one was abandoned, or this one is full). The Ingest then has
+  // NewSegmentTask() run off its thread (IoLoop::SubmitTask) and hands its
+  // completion to SegmentDone(): creating a segment (a file, its header, and
+  // at `synced` two fsyncs) never stalls the loop.
+  virtual bool NeedsSegment(uint64_t bytes) const = 0;
+  // The job that creates the next segment. It touches only the file system
+  // and what it captured; it returns 0 or -1 (the status comes with
+  // SegmentDone). One at a time.
+  virtual std::function<int64_t()> NewSegmentTask() = 0;
+  // The task finished: installs its segment. A failure (kNoSpace, kIoError)
+  // leaves no new segment, and the next batch tries again.
+  virtual Status SegmentDone() = 0;
+  // Called only when !NeedsSegment(bytes).
   virtual Status Reserve(uint64_t bytes, Slot* slot) = 0;
   virtual JournalPosition Committed() = 0;
   virtual void Abandon() = 0;

@@ -1,7 +1,9 @@
 // The io_uring backend of IoLoop: multishot accept on the listening socket,
 // multishot recv with a provided-buffer ring on every connection (so idle
 // connections hold no buffer), multishot poll for watched descriptors, and
-// journal writes and syncs submitted through the ring.
+// journal writes and syncs submitted through the ring; what io_uring has no
+// operation for (creating a journal segment) runs on one worker thread
+// whose eventfd the ring polls.
 //
 // Every submission's user_data names its operation and, for per-connection
 // operations, the connection's generation: a completion that arrives after
@@ -19,6 +21,7 @@
 #include <cstring>
 #include <vector>
 
+#include "background_worker.h"
 #include "io_loop.h"
 #include "log.h"
 #include "socket_ops.h"
@@ -27,7 +30,8 @@ namespace postspool::daemon {
 namespace {
 
 enum Op : uint64_t {
-  kAccept = 1, kRecv = 2, kPoll = 3, kWrite = 4, kSync = 5, kCancel = 6, kAcceptResume = 7
+  kAccept = 1, kRecv = 2, kPoll = 3, kWrite = 4, kSync = 5, kCancel = 6, kAcceptResume = 7,
+  kTasksDone = 8
 };
 
 constexpr uint64_t UserData(Op op, uint32_t gen, int fd) {
@@ -128,6 +132,8 @@ class UringLoop final : public IoLoop {
                             io_uring_buf_ring_mask(kBufferCount), static_cast<int>(i));
     }
     io_uring_buf_ring_advance(buf_ring_, kBufferCount);
+    if (Status s = worker_.Start(); !s.ok()) return s;
+    ArmTasksDone();
     return Status::Ok();
   }
 
@@ -189,6 +195,12 @@ class UringLoop final : public IoLoop {
     io_uring_sqe_set_data64(last_sqe_, CookieData(kSync, cookie));
   }
 
+  void SubmitTask(std::function<int64_t()> task, uint64_t cookie) override {
+    assert(tasks_outstanding_ < kTasksMax);
+    ++tasks_outstanding_;
+    worker_.Submit(std::move(task), cookie);
+  }
+
   Status RunOnce(int timeout_ms) override {
     io_uring_cqe* cqe = nullptr;
     int rc;
@@ -242,6 +254,11 @@ class UringLoop final : public IoLoop {
     last_sqe_->flags |= IOSQE_BUFFER_SELECT;
     last_sqe_->buf_group = kBufferGroup;
     io_uring_sqe_set_data64(last_sqe_, UserData(kRecv, conns_[static_cast<size_t>(fd)].gen, fd));
+  }
+
+  void ArmTasksDone() {
+    io_uring_prep_poll_multishot(Sqe(), worker_.event_fd(), POLLIN);
+    io_uring_sqe_set_data64(last_sqe_, UserData(kTasksDone, 0, worker_.event_fd()));
   }
 
   void RecycleBuffer(unsigned bid) {
@@ -328,6 +345,15 @@ class UringLoop final : public IoLoop {
       case kSync:
         callbacks_->OnIoDone(CookieOf(ud), res);
         return;
+      case kTasksDone:
+        if (res > 0) {
+          for (const auto& [cookie, result] : worker_.TakeDone()) {
+            --tasks_outstanding_;
+            callbacks_->OnIoDone(cookie, result);
+          }
+        }
+        if (!(flags & IORING_CQE_F_MORE) && res != -ECANCELED) ArmTasksDone();
+        return;
       case kCancel:
         return;  // the cancelled operation reports itself
     }
@@ -348,6 +374,10 @@ class UringLoop final : public IoLoop {
   __kernel_timespec pause_ts_{};     // the pause's timeout; read by the kernel
   std::vector<Conn> conns_;
   uint32_t next_gen_ = 0;
+  // Declared last: destroyed first, so that no job runs once the rest is
+  // gone.
+  BackgroundWorker worker_;
+  size_t tasks_outstanding_ = 0;
 };
 
 }  // namespace

@@ -171,6 +171,7 @@ SegmentReader::Result SegmentReader::Next(Record* record) {
     }
     pos_ = next;
     data_end_ = next;
+    last_record_ = at;
     const auto payload = bytes.subspan(kRecordHeaderBytes, len);
     if (!options_.verify_payload(payload)) {
       Skip(at, next - at, SkipReason::kInvalidPayload);
@@ -184,12 +185,28 @@ SegmentReader::Result SegmentReader::Next(Record* record) {
   return Result::kEnd;
 }
 
+uint64_t SegmentReader::TrailingZeros(uint64_t record) {
+  const uint64_t from = record + kRecordHeaderBytes;
+  std::span<const std::byte> bytes;
+  if (pos_ <= from || !Fetch(from, pos_ - from, &bytes).ok() || bytes.size() != pos_ - from) {
+    return pos_ + 1;
+  }
+  size_t n = bytes.size();
+  while (n > 0 && bytes[n - 1] == std::byte{0}) --n;
+  scan_bytes_ += bytes.size() - n;
+  return n == bytes.size() ? pos_ + 1 : from + n;
+}
+
 SegmentReader::Result SegmentReader::Resync(FrameCheck first_failure) {
   if (!resyncing_) {
     resyncing_ = true;
     resync_damaged_ = pos_;
     resync_failure_ = first_failure;
     resync_next_ = pos_ + 1;
+    // Damage right after a valid record: the next record may start inside
+    // that record's trailing zero bytes (its writer stopped short there, and
+    // the next writer's first bytes, zero too, completed a valid frame).
+    if (pos_ == data_end_ && last_record_ != UINT64_MAX) resync_next_ = TrailingZeros(last_record_);
   }
   const uint64_t damaged = resync_damaged_;
   // Every byte offset, not only the 8-byte grid: a failed (short) append
@@ -226,7 +243,7 @@ SegmentReader::Result SegmentReader::Resync(FrameCheck first_failure) {
       case FrameCheck::kValid: assert(false); break;
     }
     resyncing_ = false;
-    Skip(damaged, q - damaged, reason);
+    if (q > damaged) Skip(damaged, q - damaged, reason);
     pos_ = q;
     return Result::kRecord;
   }

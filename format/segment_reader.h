@@ -137,6 +137,9 @@ class SegmentReader {
   // Damage starts at pos_: finds the next valid record and reports the gap,
   // or takes the rest as the torn tail. Resumable after kYield.
   Result Resync(FrameCheck first_failure);
+  // Where the zero bytes at the end of the record at `record` (which ends
+  // at pos_) begin; pos_ + 1 if it ends with no zero byte.
+  uint64_t TrailingZeros(uint64_t record);
   bool StepBudgetSpent() const {
     return options_.step_bytes_max != 0 && scan_bytes_ - step_start_ >= options_.step_bytes_max;
   }
@@ -147,6 +150,8 @@ class SegmentReader {
   uint64_t size_;
   uint64_t pos_;
   uint64_t data_end_;
+  // Where the last valid record starts (UINT64_MAX: none yet).
+  uint64_t last_record_ = UINT64_MAX;
   uint64_t scan_bytes_ = 0;
   uint64_t step_start_ = 0;  // scan_bytes_ when the current Next() call began
   // A resynchronisation in progress (after kYield): where the damage

@@ -277,9 +277,10 @@ bool AppendKeyUnit(const char* unit, size_t n, std::string* key) {
 
 enum class KeyFit { kComplete, kFullAtWordEnd, kFullMidWord };
 
-// Appends one directory name as routing key words: '#', '*' and ' ' as
-// Sarracenia escapes them, bytes that are not well-formed UTF-8 as %XX, dots
-// kept (they split the name into several words, as in Sarracenia).
+// Appends one directory name as routing key words: '#' and '*' as
+// Sarracenia's Python poster escapes them (a space is kept, as it keeps it:
+// FORMAT.md, "Routing key"), bytes that are not well-formed UTF-8 as %XX,
+// dots kept (they split the name into several words, as in Sarracenia).
 KeyFit AppendKeyComponent(std::string_view component, std::string* key) {
   const auto* p = reinterpret_cast<const unsigned char*>(component.data());
   const size_t n = component.size();
@@ -292,8 +293,6 @@ KeyFit AppendKeyComponent(std::string_view component, std::string* key) {
       fits = AppendKeyUnit("%23", 3, key);
     } else if (c == '*') {
       fits = AppendKeyUnit("%22", 3, key);  // sic: Sarracenia's choice
-    } else if (c == ' ') {
-      fits = AppendKeyUnit("%20", 3, key);
     } else if (c < 0x80) {
       fits = AppendKeyUnit(component.data() + i, 1, key);
     } else {

@@ -8,13 +8,18 @@ packages=(
   meson ninja-build pkg-config g++ python3
   # libraries (and flatc, which generates code at build time)
   liburing-dev librabbitmq-dev libxxhash-dev libflatbuffers-dev flatbuffers-compiler
-  nlohmann-json3-dev
+  # man pages
+  scdoc
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
+  # the postspool tool and the daemon's control socket: JSON in and out
+  nlohmann-json3-dev
   # fuzzing: clang with libFuzzer and the sanitizer runtimes
   clang-14 libclang-rt-14-dev
   # the broker the integration tests and the run command start on loopback
   rabbitmq-server amqp-tools
+  # the packaging test (tests/packaging): build, check and install the packages
+  debhelper lintian rpm fakeroot
   # the metrics test parses the Prometheus text format with its reference parser
   python3-prometheus-client
 )

@@ -38,7 +38,8 @@ setup build -Dwerror=true
 run build
 
 setup build-san -Dwerror=true -Db_sanitize=address,undefined -Db_lundef=false -Dbench=false
-run build-san
+# The packaging suite builds and installs the packages: once, in build/, is enough.
+run build-san --no-suite packaging
 
 CC=clang-14 CXX=clang++-14 setup build-fuzz -Dwerror=true -Dfuzz=true -Dfuzz_seconds="$fuzz_seconds" \
   -Db_sanitize=address,undefined -Db_lundef=false -Dbench=false

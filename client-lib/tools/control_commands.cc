@@ -46,7 +46,7 @@ constexpr char kControlUsage[] =
 
 int Usage(const std::string& why) {
   std::fprintf(stderr, "postspool: %s\n%s", why.c_str(), kControlUsage);
-  return kControlExitUsage;
+  return kExitUsage;
 }
 
 std::string SocketPath(const std::optional<std::string>& option) {
@@ -357,7 +357,7 @@ int ParseOptions(std::string_view name, int argc, char** argv, CommonOptions* o)
       }
       case 'h':
         std::fputs(kControlUsage, stdout);
-        return kControlExitOk;
+        return kExitOk;
       case ':':
         return Usage(std::string(argv[optind - 1]) + " needs a value");
       default:
@@ -374,13 +374,13 @@ int ParseOptions(std::string_view name, int argc, char** argv, CommonOptions* o)
 
 int Unreachable(const std::string& error) {
   std::fprintf(stderr, "postspool: %s\n", error.c_str());
-  return kControlExitUnreachable;
+  return kExitNoDaemon;
 }
 
 // A reply with ok false: says why, exit 1.
 int Refused(const json& reply) {
   std::fprintf(stderr, "postspool: postspoold refused: %s\n", S(reply, "error").c_str());
-  return kControlExitFailed;
+  return kExitFailed;
 }
 
 int RunStatus(const CommonOptions& o) {
@@ -393,7 +393,7 @@ int RunStatus(const CommonOptions& o) {
   } else {
     PrintStatus(reply);
   }
-  return reply.value("healthy", false) ? kControlExitOk : kControlExitFailed;
+  return reply.value("healthy", false) ? kExitOk : kExitFailed;
 }
 
 int RunMetrics(const CommonOptions& o) {
@@ -402,7 +402,7 @@ int RunMetrics(const CommonOptions& o) {
   if (!Ask(SocketPath(o.socket), {{"request", "metrics"}}, &reply, &error)) return Unreachable(error);
   if (!reply.value("ok", false)) return Refused(reply);
   std::fputs(S(reply, "text").c_str(), stdout);
-  return kControlExitOk;
+  return kExitOk;
 }
 
 int RunSimple(const json& request, const CommonOptions& o, const char* done) {
@@ -411,7 +411,7 @@ int RunSimple(const json& request, const CommonOptions& o, const char* done) {
   if (!Ask(SocketPath(o.socket), request, &reply, &error)) return Unreachable(error);
   if (!reply.value("ok", false)) return Refused(reply);
   std::printf("%s\n", done);
-  return kControlExitOk;
+  return kExitOk;
 }
 
 bool PositionAtLeast(const json& a, const json& b) {
@@ -477,14 +477,14 @@ int RunDrain(const CommonOptions& o) {
       if (tty) std::printf("\n");
       std::printf("drained: everything journaled when the drain started is confirmed (%.1f s)\n",
                   elapsed);
-      return kControlExitOk;
+      return kExitOk;
     }
     if (o.timeout && Clock::now() - start >= *o.timeout) {
       if (tty) std::printf("\n");
       std::fprintf(stderr, "postspool: drain timed out after %s with %llu posts left (broker %s)\n",
                    Seconds(elapsed).c_str(), static_cast<unsigned long long>(left),
                    broker.c_str());
-      return kControlExitFailed;
+      return kExitFailed;
     }
     std::this_thread::sleep_for(kDrainPoll);
     if (!Ask(path, {{"request", "status"}}, &reply, &error)) {
@@ -528,7 +528,7 @@ int RunControlCommand(std::string_view name, int argc, char** argv) {
   } catch (const json::exception& e) {
     // A reply of an unexpected shape (a daemon of another version).
     std::fprintf(stderr, "postspool: unexpected reply from postspoold: %s\n", e.what());
-    return kControlExitFailed;
+    return kExitFailed;
   }
   return Usage("unknown command \"" + std::string(name) + "\"");
 }

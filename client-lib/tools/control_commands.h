@@ -2,7 +2,7 @@
 // control socket (daemon/control.h): status, drain, metrics, reconnect,
 // log-level. Each parses its own options (getopt_long).
 //
-// Exit codes (docs/client.md, "Exit codes of the control commands"):
+// Exit codes (exit_codes.h; docs/client.md):
 //   0  success; for status: the daemon is healthy
 //   1  the operation failed: unhealthy, drain timed out, request refused
 //   2  usage error
@@ -12,12 +12,9 @@
 
 #include <string_view>
 
-namespace postspool::cli {
+#include "exit_codes.h"
 
-inline constexpr int kControlExitOk = 0;
-inline constexpr int kControlExitFailed = 1;
-inline constexpr int kControlExitUsage = 2;
-inline constexpr int kControlExitUnreachable = 3;
+namespace postspool::cli {
 
 // True for the names RunControlCommand handles.
 bool IsControlCommand(std::string_view name);

@@ -7,7 +7,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cstdio>
 #include <cstring>
+#include <set>
+#include <span>
+
+#include <nlohmann/json.hpp>
 
 #include "base64.h"
 #include "sha512.h"
@@ -58,45 +63,86 @@ int64_t TimespecNs(const timespec& ts) {
   return static_cast<int64_t>(ts.tv_sec) * kNsPerSecond + ts.tv_nsec;
 }
 
-bool HasNul(const std::string& s) { return s.find('\0') != std::string::npos; }
+using nlohmann::json;
 
-bool StringMember(const JsonValue& v, std::string_view key, std::optional<std::string>* out,
+const char* KindName(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::object: return "an object";
+    case json::value_t::array: return "an array";
+    case json::value_t::string: return "a string";
+    case json::value_t::boolean: return "a boolean";
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned: return "an integer";
+    case json::value_t::number_float: return "a number with a fraction or exponent";
+    default: return "something else";
+  }
+}
+
+// The sentinel that stands for a \udcXX escape while nlohmann's parser reads
+// the line (it refuses lone surrogates): NUL then U+00XX, which the parser
+// turns into "\0" and the two UTF-8 bytes of U+00XX. No string of a valid
+// line holds a NUL otherwise (a \u0000 escape is refused before parsing).
+constexpr char kSurrogateSentinel = '\0';
+
+// A string as the post carries it: sentinels back to the raw bytes.
+std::string Bytes(const std::string& parsed) {
+  std::string out;
+  out.reserve(parsed.size());
+  for (size_t i = 0; i < parsed.size(); ++i) {
+    if (parsed[i] == kSurrogateSentinel && i + 2 < parsed.size() &&
+        (static_cast<unsigned char>(parsed[i + 1]) & 0xfe) == 0xc2) {
+      const auto b1 = static_cast<unsigned char>(parsed[i + 1]);
+      const auto b2 = static_cast<unsigned char>(parsed[i + 2]);
+      out.push_back(static_cast<char>(((b1 & 0x1f) << 6) | (b2 & 0x3f)));
+      i += 2;
+    } else {
+      out.push_back(parsed[i]);
+    }
+  }
+  return out;
+}
+
+bool StringMember(const json& v, std::string_view key, std::optional<std::string>* out,
                   std::string* error) {
-  if (v.kind == JsonValue::Kind::kNull) return true;
-  if (v.kind != JsonValue::Kind::kString) {
-    *error = std::string(key) + ": expected a string, found " + JsonKindName(v.kind);
+  if (v.is_null()) return true;
+  if (!v.is_string()) {
+    *error = std::string(key) + ": expected a string, found " + KindName(v);
     return false;
   }
-  if (HasNul(v.string)) {
-    *error = std::string(key) + ": contains a NUL character (\\u0000)";
-    return false;
-  }
-  *out = v.string;
+  *out = Bytes(v.get_ref<const std::string&>());
   return true;
 }
 
 // fileOp's remove and directory: v03 writes "" for set; true is taken too.
-bool FlagMember(const JsonValue& v, std::string_view key, uint32_t flag, uint32_t* flags,
+bool FlagMember(const json& v, std::string_view key, uint32_t flag, uint32_t* flags,
                 std::string* error) {
-  if (v.kind == JsonValue::Kind::kNull) return true;
-  if (v.kind == JsonValue::Kind::kString || v.kind == JsonValue::Kind::kBool) {
-    if (v.kind == JsonValue::Kind::kString || v.boolean) *flags |= flag;
+  if (v.is_null()) return true;
+  if (v.is_string() || v.is_boolean()) {
+    if (v.is_string() || v.get<bool>()) *flags |= flag;
     return true;
   }
-  *error = "fileOp." + std::string(key) + ": expected \"\" or a boolean, found " +
-           JsonKindName(v.kind);
+  *error = "fileOp." + std::string(key) + ": expected \"\" or a boolean, found " + KindName(v);
   return false;
 }
 
-bool TimeMember(const JsonValue& v, std::string_view key, std::optional<int64_t>* out,
-                std::string* error) {
-  if (v.kind == JsonValue::Kind::kNull) return true;
-  if (v.kind == JsonValue::Kind::kInteger) {
-    *out = v.integer;
+bool IntegerOf(const json& v, int64_t* out) {
+  if (v.is_number_integer() && !v.is_number_unsigned()) {
+    *out = v.get<int64_t>();
     return true;
   }
+  if (v.is_number_unsigned() && v.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX)) {
+    *out = static_cast<int64_t>(v.get<uint64_t>());
+    return true;
+  }
+  return false;
+}
+
+bool TimeMember(const json& v, std::string_view key, std::optional<int64_t>* out,
+                std::string* error) {
+  if (v.is_null()) return true;
   int64_t ns = 0;
-  if (v.kind == JsonValue::Kind::kString && ParseV03Time(v.string, &ns)) {
+  if (IntegerOf(v, &ns) || (v.is_string() && ParseV03Time(v.get_ref<const std::string&>(), &ns))) {
     *out = ns;
     return true;
   }
@@ -105,22 +151,22 @@ bool TimeMember(const JsonValue& v, std::string_view key, std::optional<int64_t>
   return false;
 }
 
-bool FileOpFromJson(const JsonValue& v, PostFields* f, std::string* error) {
-  if (v.kind == JsonValue::Kind::kNull) return true;
-  if (v.kind != JsonValue::Kind::kObject) {
-    *error = std::string("fileOp: expected an object, found ") + JsonKindName(v.kind);
+bool FileOpFromJson(const json& v, PostFields* f, std::string* error) {
+  if (v.is_null()) return true;
+  if (!v.is_object()) {
+    *error = std::string("fileOp: expected an object, found ") + KindName(v);
     return false;
   }
-  for (const JsonMember& m : v.members) {
+  for (const auto& [key, value] : v.items()) {
     bool ok;
-    if (m.key == "link") ok = StringMember(m.value, "fileOp.link", &f->link, error);
-    else if (m.key == "hlink") ok = StringMember(m.value, "fileOp.hlink", &f->hlink, error);
-    else if (m.key == "rename") ok = StringMember(m.value, "fileOp.rename", &f->rename, error);
-    else if (m.key == "remove") ok = FlagMember(m.value, m.key, POSTSPOOL_OP_REMOVE, &f->op_flags, error);
-    else if (m.key == "directory") {
-      ok = FlagMember(m.value, m.key, POSTSPOOL_OP_DIRECTORY, &f->op_flags, error);
+    if (key == "link") ok = StringMember(value, "fileOp.link", &f->link, error);
+    else if (key == "hlink") ok = StringMember(value, "fileOp.hlink", &f->hlink, error);
+    else if (key == "rename") ok = StringMember(value, "fileOp.rename", &f->rename, error);
+    else if (key == "remove") ok = FlagMember(value, key, POSTSPOOL_OP_REMOVE, &f->op_flags, error);
+    else if (key == "directory") {
+      ok = FlagMember(value, key, POSTSPOOL_OP_DIRECTORY, &f->op_flags, error);
     } else {
-      *error = "fileOp: unknown key \"" + m.key +
+      *error = "fileOp: unknown key \"" + Bytes(key) +
                "\" (expected link, hlink, rename, remove or directory)";
       return false;
     }
@@ -129,41 +175,102 @@ bool FileOpFromJson(const JsonValue& v, PostFields* f, std::string* error) {
   return true;
 }
 
-bool IdentityFromJson(const JsonValue& v, PostFields* f, std::string* error) {
-  if (v.kind == JsonValue::Kind::kNull) return true;
-  if (v.kind != JsonValue::Kind::kObject) {
-    *error = std::string("identity: expected an object, found ") + JsonKindName(v.kind);
+bool IdentityFromJson(const json& v, PostFields* f, std::string* error) {
+  if (v.is_null()) return true;
+  if (!v.is_object()) {
+    *error = std::string("identity: expected an object, found ") + KindName(v);
     return false;
   }
-  for (const JsonMember& m : v.members) {
-    if (m.key != "method" && m.key != "value") {
-      *error = "identity: unknown key \"" + m.key + "\" (expected method and value)";
+  for (const auto& [key, value] : v.items()) {
+    if (key != "method" && key != "value") {
+      *error = "identity: unknown key \"" + Bytes(key) + "\" (expected method and value)";
       return false;
     }
   }
-  const JsonValue* method = v.Find("method");
-  const JsonValue* value = v.Find("value");
-  if (method == nullptr || method->kind != JsonValue::Kind::kString ||
-      !ParseIdentityMethod(method->string, &f->identity_method)) {
+  const auto method = v.find("method");
+  const auto value = v.find("value");
+  int method_id = 0;
+  if (method == v.end() || !method->is_string() ||
+      !ParseIdentityMethod(method->get_ref<const std::string&>(), &method_id)) {
     *error = "identity.method: expected one of sha512, md5, cod, random, arbitrary";
     return false;
   }
-  if (value == nullptr || value->kind != JsonValue::Kind::kString) {
+  if (value == v.end() || !value->is_string()) {
     *error = "identity.value: expected a string";
     return false;
   }
-  if (f->identity_method == POSTSPOOL_IDENTITY_SHA512 ||
-      f->identity_method == POSTSPOOL_IDENTITY_MD5) {
-    if (!Base64Decode(value->string, &f->identity_value)) {
-      *error = "identity.value: expected base64 for method " + method->string;
-      return false;
-    }
-  } else {
-    f->identity_value = value->string;
+  std::string why;
+  if (!ParseIdentity(method->get_ref<const std::string&>() + ":" +
+                         Bytes(value->get_ref<const std::string&>()),
+                     &f->identity_method, &f->identity_value, &why)) {
+    *error = "identity: " + why;
+    return false;
   }
   return true;
 }
 
+// Rewrites the \udcXX escapes (U+DC80..U+DCFF not after a high surrogate:
+// the v03 encoder's surrogateescape for a byte of a name that is not UTF-8)
+// of a JSON text into the sentinel; refuses a \u0000 escape, which no post
+// field may hold.
+bool EscapeLoneSurrogates(std::string_view line, std::string* out, std::string* error) {
+  out->clear();
+  out->reserve(line.size());
+  bool in_string = false;
+  bool after_high_surrogate = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (!in_string) {
+      if (c == '"') in_string = true;
+      out->push_back(c);
+      continue;
+    }
+    if (c == '"') {
+      in_string = false;
+      after_high_surrogate = false;
+      out->push_back(c);
+      continue;
+    }
+    if (c != '\\' || i + 1 >= line.size()) {
+      after_high_surrogate = false;
+      out->push_back(c);
+      continue;
+    }
+    if (line[i + 1] != 'u' || i + 6 > line.size()) {
+      // A two-character escape: copied as it is (the parser checks it).
+      after_high_surrogate = false;
+      out->append(line.substr(i, 2));
+      ++i;
+      continue;
+    }
+    unsigned v = 0;
+    bool hex = true;
+    for (size_t k = i + 2; k < i + 6; ++k) {
+      const char h = line[k];
+      v <<= 4;
+      if (h >= '0' && h <= '9') v |= static_cast<unsigned>(h - '0');
+      else if (h >= 'a' && h <= 'f') v |= static_cast<unsigned>(h - 'a' + 10);
+      else if (h >= 'A' && h <= 'F') v |= static_cast<unsigned>(h - 'A' + 10);
+      else hex = false;
+    }
+    if (hex && v == 0) {
+      *error = "column " + std::to_string(i + 1) +
+               ": a string holds a NUL character (\\u0000), which no post field may hold";
+      return false;
+    }
+    if (hex && v >= 0xdc80 && v <= 0xdcff && !after_high_surrogate) {
+      char escaped[16];
+      std::snprintf(escaped, sizeof escaped, "\\u0000\\u00%02x", v & 0xff);
+      out->append(escaped);
+      after_high_surrogate = false;
+    } else {
+      out->append(line.substr(i, 6));
+      after_high_surrogate = hex && v >= 0xd800 && v <= 0xdbff;
+    }
+    i += 5;
+  }
+  return true;
+}
 }  // namespace
 
 void PostFields::ToPost(struct postspool_post* post, std::vector<postspool_extra>* out) const {
@@ -229,11 +336,24 @@ bool ParseIdentity(std::string_view text, int* method, std::string* value, std::
     return false;
   }
   if (*method == POSTSPOOL_IDENTITY_SHA512 || *method == POSTSPOOL_IDENTITY_MD5) {
+    const size_t digest_bytes = *method == POSTSPOOL_IDENTITY_SHA512 ? 64 : 16;
+    const std::string form = "the " + std::string(name) + " value is the " +
+                             std::to_string(digest_bytes) + "-byte digest in base64 (" +
+                             std::to_string((digest_bytes + 2) / 3 * 4) + " characters)";
     if (!Base64Decode(rest, value)) {
-      *error = "the " + std::string(name) + " value must be base64";
+      *error = form + "; \"" + std::string(rest) + "\" is not base64";
+      return false;
+    }
+    if (value->size() != digest_bytes) {
+      *error = form + "; \"" + std::string(rest) + "\" decodes to " +
+               std::to_string(value->size()) + " bytes";
       return false;
     }
     return true;
+  }
+  if (rest.empty()) {
+    *error = "the " + std::string(name) + " value is empty";
+    return false;
   }
   *value = std::string(rest);
   return true;
@@ -353,7 +473,10 @@ bool FillFromFile(const std::string& path, PostFields* f, std::string* error) {
   return true;
 }
 
-std::string RelPathOfFile(std::string_view path, std::string_view cwd) {
+namespace {
+
+// `path` made absolute against `cwd` and normalised lexically, as components.
+std::vector<std::string_view> NormalisedComponents(std::string_view path, std::string_view cwd) {
   std::vector<std::string_view> components;
   const auto add = [&](std::string_view p) {
     while (!p.empty()) {
@@ -370,6 +493,10 @@ std::string RelPathOfFile(std::string_view path, std::string_view cwd) {
   };
   if (!path.starts_with('/')) add(cwd);
   add(path);
+  return components;
+}
+
+std::string Join(std::span<const std::string_view> components) {
   std::string out;
   for (const std::string_view c : components) {
     if (!out.empty()) out += '/';
@@ -378,44 +505,109 @@ std::string RelPathOfFile(std::string_view path, std::string_view cwd) {
   return out;
 }
 
-bool PostFieldsFromJson(const JsonValue& object, PostFields* f, std::string* error) {
-  if (object.kind != JsonValue::Kind::kObject) {
-    *error = std::string("expected a JSON object, found ") + JsonKindName(object.kind);
+}  // namespace
+
+std::string RelPathOfFile(std::string_view path, std::string_view cwd) {
+  return Join(NormalisedComponents(path, cwd));
+}
+
+bool RelPathUnderBase(std::string_view path, std::string_view base, std::string_view cwd,
+                      std::string* rel_path) {
+  const std::vector<std::string_view> p = NormalisedComponents(path, cwd);
+  const std::vector<std::string_view> b = NormalisedComponents(base, cwd);
+  if (p.size() <= b.size() || !std::equal(b.begin(), b.end(), p.begin())) return false;
+  *rel_path = Join(std::span(p).subspan(b.size()));
+  return true;
+}
+
+bool ParseJsonLine(std::string_view line, json* value, std::string* error) {
+  std::string text;
+  if (!EscapeLoneSurrogates(line, &text, error)) return false;
+  // Duplicate keys and deep nesting are refused: nlohmann keeps the last of
+  // a repeated key, which would hide a mistake.
+  std::vector<std::set<std::string>> keys;
+  std::string structure_error;
+  const json::parser_callback_t check = [&](int depth, json::parse_event_t event,
+                                            json& parsed) {
+    if (event == json::parse_event_t::object_start) {
+      if (depth >= kJsonDepthMax && structure_error.empty()) {
+        structure_error = "objects nested deeper than " + std::to_string(kJsonDepthMax);
+      }
+      keys.emplace_back();
+    } else if (event == json::parse_event_t::object_end && !keys.empty()) {
+      keys.pop_back();
+    } else if (event == json::parse_event_t::key && !keys.empty()) {
+      const std::string& key = parsed.get_ref<const std::string&>();
+      if (!keys.back().insert(key).second && structure_error.empty()) {
+        structure_error = "the key \"" + Bytes(key) + "\" is given twice";
+      }
+    }
+    return true;
+  };
+  try {
+    *value = json::parse(text, check);
+  } catch (const json::parse_error& e) {
+    // "[json.exception.parse_error.101] parse error at line 1, column 19:
+    // syntax error while parsing ..." -> "column 19: syntax error ..."
+    std::string message = e.what();
+    const size_t column = message.find("column ");
+    *error = column == std::string::npos ? message : message.substr(column);
     return false;
   }
-  for (const JsonMember& m : object.members) {
-    const JsonValue& v = m.value;
+  if (!structure_error.empty()) {
+    *error = structure_error;
+    return false;
+  }
+  return true;
+}
+
+bool PostFieldsFromJson(const json& object, PostFields* f, JsonNotes* notes, std::string* error) {
+  if (!object.is_object()) {
+    *error = std::string("expected a JSON object (one post per line), found ") + KindName(object);
+    return false;
+  }
+  for (const auto& [parsed_key, v] : object.items()) {
+    const std::string key = Bytes(parsed_key);
     bool ok = true;
-    if (m.key == "relPath") ok = StringMember(v, m.key, &f->rel_path, error);
-    else if (m.key == "baseUrl") ok = StringMember(v, m.key, &f->base_url, error);
-    else if (m.key == "retrievePath") ok = StringMember(v, m.key, &f->retrieve_path, error);
-    else if (m.key == "fileOp") ok = FileOpFromJson(v, f, error);
-    else if (m.key == "identity") ok = IdentityFromJson(v, f, error);
-    else if (m.key == "size") {
-      if (v.kind == JsonValue::Kind::kInteger) f->size = v.integer;
-      else if (v.kind != JsonValue::Kind::kNull) {
-        *error = std::string("size: expected an integer, found ") + JsonKindName(v.kind);
+    if (key == "relPath") ok = StringMember(v, key, &f->rel_path, error);
+    else if (key == "baseUrl") ok = StringMember(v, key, &f->base_url, error);
+    else if (key == "retrievePath") ok = StringMember(v, key, &f->retrieve_path, error);
+    else if (key == "fileOp") ok = FileOpFromJson(v, f, error);
+    else if (key == "identity") ok = IdentityFromJson(v, f, error);
+    else if (key == "size") {
+      int64_t size = 0;
+      if (IntegerOf(v, &size)) f->size = size;
+      else if (!v.is_null()) {
+        *error = std::string("size: expected an integer, found ") + KindName(v);
         ok = false;
       }
-    } else if (m.key == "mode") {
+    } else if (key == "mode") {
       uint32_t mode = 0;
-      if (v.kind == JsonValue::Kind::kString && ParseOctalMode(v.string, &mode)) f->mode = mode;
-      else if (v.kind != JsonValue::Kind::kNull) {
+      if (v.is_string() && ParseOctalMode(v.get_ref<const std::string&>(), &mode)) f->mode = mode;
+      else if (!v.is_null()) {
         *error = "mode: expected an octal string such as \"644\"";
         ok = false;
       }
-    } else if (m.key == "mtime") ok = TimeMember(v, m.key, &f->mtime_ns, error);
-    else if (m.key == "atime") ok = TimeMember(v, m.key, &f->atime_ns, error);
-    else if (m.key == "pubTime") continue;  // the library stamps the publish time
-    else if (v.kind == JsonValue::Kind::kNull) continue;
-    else if (v.kind == JsonValue::Kind::kString) {
-      if (HasNul(m.key) || HasNul(v.string)) {
-        *error = m.key + ": contains a NUL character (\\u0000)";
-        return false;
-      }
-      f->extras.emplace_back(m.key, v.string);
+    } else if (key == "mtime") ok = TimeMember(v, key, &f->mtime_ns, error);
+    else if (key == "atime") ok = TimeMember(v, key, &f->atime_ns, error);
+    else if (key == "pubTime") {
+      // Checked, then replaced: the library stamps the time of this post.
+      std::optional<int64_t> ignored;
+      ok = TimeMember(v, key, &ignored, error);
+      if (ok && ignored) notes->pub_time_replaced = true;
+    } else if (key == "source") {
+      // Set by the daemon (the broker user) when it publishes.
+      std::optional<std::string> ignored;
+      ok = StringMember(v, key, &ignored, error);
+      if (ok && ignored) notes->source_replaced = true;
+    } else if (v.is_null()) {
+      continue;
+    } else if (v.is_string()) {
+      f->extras.emplace_back(key, Bytes(v.get_ref<const std::string&>()));
     } else {
-      *error = m.key + ": an extra field must be a string, found " + JsonKindName(v.kind);
+      *error = "\"" + key + "\" is not a v03 field postspool reads, so it would be an extra " +
+               "field, and an extra field's value is a string; found " + KindName(v) +
+               " (put structured data in a string)";
       return false;
     }
     if (!ok) return false;
@@ -425,6 +617,12 @@ bool PostFieldsFromJson(const JsonValue& object, PostFields* f, std::string* err
     return false;
   }
   return true;
+}
+
+bool PostFieldsFromJsonLine(std::string_view line, PostFields* fields, JsonNotes* notes,
+                            std::string* error) {
+  json value;
+  return ParseJsonLine(line, &value, error) && PostFieldsFromJson(value, fields, notes, error);
 }
 
 std::string FormatUuid(const uint8_t id[16]) {

@@ -9,7 +9,8 @@
 #include <utility>
 #include <vector>
 
-#include "json_reader.h"
+#include <nlohmann/json_fwd.hpp>
+
 #include "postspool.h"
 
 namespace postspool::cli {
@@ -64,13 +65,44 @@ bool FillFromFile(const std::string& path, PostFields* fields, std::string* erro
 // Empty for "/" itself.
 std::string RelPathOfFile(std::string_view path, std::string_view cwd);
 
-// A post from one JSON object with v03 keys: relPath, baseUrl, retrievePath,
-// fileOp {link, hlink, rename, remove, directory}, identity {method, value
-// (base64 for sha512 and md5)}, size, mode (octal string), mtime and atime
-// (v03 time strings or integer nanoseconds); pubTime is ignored (the library
-// stamps the publish time); any other key with a string value is an extra
-// field. null means absent.
-bool PostFieldsFromJson(const JsonValue& object, PostFields* fields, std::string* error);
+// The relPath of the file at `path` under the base directory `base` (the
+// directory that the base URL stands for): both made absolute against `cwd`
+// and normalised lexically as RelPathOfFile does, then `base`'s components
+// taken off the front. So the result never holds ".", ".." or an empty
+// component. False when `path` is not strictly under `base`.
+bool RelPathUnderBase(std::string_view path, std::string_view base, std::string_view cwd,
+                      std::string* rel_path);
+
+// Objects nested deeper than this in a JSON line are refused.
+inline constexpr int kJsonDepthMax = 8;
+
+// Parses one line of JSON (nlohmann-json), strictly: a repeated key or
+// objects nested deeper than kJsonDepthMax are refused, and so is a \u0000
+// escape (no post field may hold a NUL). A lone \udcXX escape (XX from 80
+// to ff: how the v03 encoder, like Python's surrogateescape, writes a byte
+// of a name that is not UTF-8) is taken as that raw byte; strings read
+// through PostFieldsFromJson get the byte back. On failure *error says
+// where ("column 19: syntax error ...") and what.
+bool ParseJsonLine(std::string_view line, nlohmann::json* value, std::string* error);
+
+// What PostFieldsFromJson read but did not carry into the post.
+struct JsonNotes {
+  bool pub_time_replaced = false;  // a pubTime: the library stamps the time of posting
+  bool source_replaced = false;    // a source: the daemon sets the broker user
+};
+
+// A post from one JSON object with v03 keys, as the daemon publishes them:
+// relPath, baseUrl, retrievePath, fileOp {link, hlink, rename, remove,
+// directory}, identity {method, value (base64 for sha512 and md5)}, size,
+// mode (octal string), mtime and atime (v03 time strings or integer
+// nanoseconds). pubTime (checked to be a v03 time) and source (a string) are
+// accepted and replaced, and *notes says so; any other key with a string
+// value is an extra field. null means absent.
+bool PostFieldsFromJson(const nlohmann::json& object, PostFields* fields, JsonNotes* notes,
+                        std::string* error);
+// ParseJsonLine then PostFieldsFromJson.
+bool PostFieldsFromJsonLine(std::string_view line, PostFields* fields, JsonNotes* notes,
+                            std::string* error);
 
 // "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", lower case.
 std::string FormatUuid(const uint8_t id[16]);

@@ -1,209 +1,293 @@
-// postspool: post file changes from shell scripts, through libpostspool.
+// postspool: post file changes from shell scripts, through libpostspool, and
+// look inside spool and journal segments.
 //
 //   postspool post --rel-path a/b.txt [options]
 //   postspool post --json < posts.jsonl
+//   postspool inspect FILE
+//   postspool verify [--repair] DIR|FILE
 //
-// Prints "<uuid> socket|spool" per post on stdout, errors on stderr.
-// Exit status: 0 every post was taken, 1 some post failed, 2 usage error.
+// Exit status (exit_codes.h, docs/client.md): 0 success, 1 the operation
+// failed, 2 usage error or bad input, 3 the daemon cannot be reached.
+//
+// Options are parsed with getopt_long (glibc): no dependency, GNU behaviour
+// users know (--opt=value, --opt value, unambiguous prefixes), and every
+// message is ours (opterr is off), in the words of the command line.
+#include <getopt.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "json_reader.h"
+#include "exit_codes.h"
 #include "post_fields.h"
 #include "postspool.h"
 #include "control_commands.h"
+#include "segment_commands.h"
 
+namespace postspool::cli {
 namespace {
 
-using postspool::cli::PostFields;
-
-constexpr int kExitOk = 0;
-constexpr int kExitPostFailed = 1;
-constexpr int kExitUsage = 2;
 // A post is at most a few tens of KiB of JSON; anything far longer is not one.
 constexpr size_t kJsonLineBytesMax = 1 << 20;
 
-constexpr char kUsage[] =
-    "usage: postspool post --rel-path PATH [options]   post one file change\n"
-    "       postspool post --json [options] < lines    post one JSON object per line\n"
-    "       postspool --help | post --help\n";
-
 constexpr char kPostUsage[] =
     "usage: postspool post --rel-path PATH [field options] [client options]\n"
-    "       postspool post --file PATH [field options] [client options]\n"
+    "       postspool post --file PATH [--base-dir DIR] [field options] [client options]\n"
     "       postspool post --json [client options] < lines\n"
     "\n"
     "Posts a file change through postspoold (its socket, else its spool directory)\n"
     "and prints \"<uuid> socket|spool\" for each post taken.\n"
     "\n"
     "Field options (Sarracenia v03 names in brackets):\n"
-    "  --rel-path PATH        path relative to the base URL [relPath]; with --file,\n"
-    "                         defaults to the file's absolute path, normalised (., ..\n"
-    "                         and // resolved without following links), without the\n"
-    "                         leading /\n"
+    "  --rel-path PATH        path relative to the base URL [relPath]: components\n"
+    "                         separated by /, none empty, . or ..\n"
     "  --base-url URL         e.g. file:/ or sftp://host/ [baseUrl]; default: the daemon's\n"
     "  --retrieve-path PATH   where to fetch the file from [retrievePath]\n"
-    "  --rename OLD           the name the file had before [fileOp.rename]\n"
-    "  --link TARGET          a symbolic link and its target [fileOp.link]\n"
-    "  --hlink OTHER          a hard link to OTHER [fileOp.hlink]\n"
+    "  --rename OLD           the file was renamed from OLD [fileOp.rename]; OLD has the\n"
+    "                         form of --rel-path (subscribers take it as a path under\n"
+    "                         their directory); with --file, OLD is a file path taken\n"
+    "                         like --file's PATH\n"
+    "  --link TARGET          a symbolic link and its target, as readlink shows it\n"
+    "                         [fileOp.link]\n"
+    "  --hlink OTHER          a hard link to OTHER [fileOp.hlink]; the form of --rename\n"
     "  --remove               the file was removed [fileOp.remove]\n"
     "  --directory            the path is a directory [fileOp.directory]\n"
     "  --size N               bytes [size]\n"
     "  --mode OCTAL           permission bits, e.g. 644 [mode]\n"
     "  --mtime-ns N           modification time, ns since the epoch [mtime]\n"
     "  --atime-ns N           access time, ns since the epoch [atime]\n"
-    "  --identity M:V         checksum [identity]: sha512:BASE64, md5:BASE64, cod:ALGO,\n"
-    "                         random:TEXT, arbitrary:TEXT\n"
+    "  --identity M:V         checksum [identity]: sha512:BASE64, md5:BASE64 (the digest),\n"
+    "                         cod:ALGO, random:TEXT, arbitrary:TEXT\n"
     "  --extra KEY=VALUE      a free extra field (repeatable)\n"
     "  --file PATH            fill size, mode, mtime, atime and a sha512 identity from\n"
     "                         PATH (lstat; a symbolic link gives --link TARGET and no\n"
-    "                         checksum; a directory gives --directory); the options\n"
-    "                         above override what it fills in\n"
+    "                         checksum; a directory gives --directory), and relPath:\n"
+    "                         PATH relative to --base-dir, normalised. With --remove,\n"
+    "                         PATH must be gone. The options above override it\n"
+    "  --base-dir DIR         the directory the base URL stands for (default /): --file,\n"
+    "                         --rename and --hlink paths must be under it\n"
     "\n"
     "  --json                 read posts from stdin, one JSON object per line, with v03\n"
-    "                         keys: relPath, baseUrl, retrievePath, fileOp {link, hlink,\n"
-    "                         rename, remove, directory}, identity {method, value},\n"
-    "                         size, mode (octal string), mtime, atime (v03 time strings\n"
-    "                         or integer ns); other string members are extra fields;\n"
-    "                         pubTime is ignored (the post is stamped when posted)\n"
+    "                         keys, as the daemon publishes them (and `postspool inspect`\n"
+    "                         shows them under \"post\"); pubTime and source are checked\n"
+    "                         and replaced (the post is stamped when posted, the daemon\n"
+    "                         sets source), which is said once on stderr\n"
     "\n"
     "Client options (defaults from the environment, see docs/client.md):\n"
     "  --socket PATH          daemon socket [$POSTSPOOL_SOCKET, /run/postspool/postspoold.sock]\n"
     "  --spool-dir DIR        spool directory [$POSTSPOOL_SPOOL_DIR, /var/spool/postspool/incoming]\n"
     "  --budget-ms N          time budget of each post [$POSTSPOOL_BUDGET_MS, 5]\n"
     "\n"
-    "Exit status: 0 every post was taken, 1 some post failed, 2 usage error.\n";
+    "Exit status: 0 every post was taken, 1 some post was not taken, 2 usage error or\n"
+    "bad input (a line that is not a post, a post refused for what it says).\n";
 
-int Usage(const std::string& message) {
-  std::fprintf(stderr, "postspool: %s\n%s", message.c_str(), kUsage);
+// The subcommands. A command that is not here is a usage error. The control
+// commands (status, drain, metrics) take the same signature: adding one is
+// one line, {"status", RunControlCommand, "[--json]", "the daemon's state"}.
+struct Command {
+  const char* name;
+  int (*run)(std::string_view name, int argc, char** argv);
+  const char* synopsis;  // after the command name
+  const char* summary;
+};
+
+int RunPost(std::string_view name, int argc, char** argv);
+
+constexpr Command kCommands[] = {
+    {"post", RunPost, "--rel-path PATH | --file PATH | --json", "post file changes"},
+    {"inspect", RunInspect, "[--table] FILE", "show a segment's records"},
+    {"verify", RunVerify, "[--repair] DIR|FILE", "check segments, like fsck"},
+    {"status", RunControlCommand, "[--json]", "the daemon's state; exit 0 if healthy"},
+    {"drain", RunControlCommand, "[--timeout DURATION]", "wait until the backlog is confirmed"},
+    {"metrics", RunControlCommand, "", "the daemon's metrics (Prometheus text)"},
+    {"reconnect", RunControlCommand, "", "connect to the broker now (root, daemon group)"},
+    {"log-level", RunControlCommand, "LEVEL", "set the daemon's log level (root, daemon group)"},
+};
+
+void PrintUsage(FILE* out) {
+  std::fputs("usage: postspool COMMAND [options]   (postspool COMMAND --help for more)\n", out);
+  for (const Command& c : kCommands) {
+    const std::string usage = std::string(c.name) + " " + c.synopsis;
+    std::fprintf(out, "  postspool %-46s %s\n", usage.c_str(), c.summary);
+  }
+  std::fputs("  postspool --help | --version\n"
+             "Exit status: 0 success, 1 operation failed, 2 usage error or bad input,\n"
+             "3 daemon unreachable.\n",
+             out);
+}
+
+int PostUsage(const std::string& message) {
+  std::fprintf(stderr, "postspool post: %s\n(usage: postspool post --help)\n", message.c_str());
   return kExitUsage;
 }
+
+// Long options of `post`; the value is the index in kPostOptions, found
+// back through option_index.
+enum PostOption {
+  kRelPath, kBaseUrl, kRetrievePath, kRename, kLink, kHlink, kRemove, kDirectory, kSize, kMode,
+  kMtimeNs, kAtimeNs, kIdentity, kExtra, kFile, kBaseDir, kJson, kSocket, kSpoolDir, kBudgetMs,
+  kHelp, kPostOptionCount
+};
+constexpr option kPostOptions[] = {
+    {"rel-path", required_argument, nullptr, kRelPath},
+    {"base-url", required_argument, nullptr, kBaseUrl},
+    {"retrieve-path", required_argument, nullptr, kRetrievePath},
+    {"rename", required_argument, nullptr, kRename},
+    {"link", required_argument, nullptr, kLink},
+    {"hlink", required_argument, nullptr, kHlink},
+    {"remove", no_argument, nullptr, kRemove},
+    {"directory", no_argument, nullptr, kDirectory},
+    {"size", required_argument, nullptr, kSize},
+    {"mode", required_argument, nullptr, kMode},
+    {"mtime-ns", required_argument, nullptr, kMtimeNs},
+    {"atime-ns", required_argument, nullptr, kAtimeNs},
+    {"identity", required_argument, nullptr, kIdentity},
+    {"extra", required_argument, nullptr, kExtra},
+    {"file", required_argument, nullptr, kFile},
+    {"base-dir", required_argument, nullptr, kBaseDir},
+    {"json", no_argument, nullptr, kJson},
+    {"socket", required_argument, nullptr, kSocket},
+    {"spool-dir", required_argument, nullptr, kSpoolDir},
+    {"budget-ms", required_argument, nullptr, kBudgetMs},
+    {"help", no_argument, nullptr, kHelp},
+    {nullptr, 0, nullptr, 0},
+};
+static_assert(std::size(kPostOptions) == kPostOptionCount + 1);
 
 struct PostArgs {
   bool json = false;
   bool help = false;
   std::optional<std::string> file;
+  std::optional<std::string> base_dir;
   std::optional<std::string> socket_path;
   std::optional<std::string> spool_dir;
   std::optional<uint32_t> budget_ms;
-  PostFields fields;           // from the field options
+  PostFields fields;  // from the field options
   bool any_field_option = false;
 };
 
-// Options that take a value; the rest are flags.
-const std::map<std::string_view, bool>& KnownOptions() {
-  static const std::map<std::string_view, bool> options = {
-      {"--rel-path", true},  {"--base-url", true}, {"--retrieve-path", true},
-      {"--rename", true},    {"--link", true},     {"--hlink", true},
-      {"--remove", false},   {"--directory", false}, {"--size", true},
-      {"--mode", true},      {"--mtime-ns", true}, {"--atime-ns", true},
-      {"--identity", true},  {"--extra", true},    {"--budget-ms", true},
-      {"--socket", true},    {"--spool-dir", true}, {"--file", true},
-      {"--json", false},     {"--help", false},
-  };
-  return options;
+// The message for the option getopt_long stopped at ('?' or ':').
+std::string GetoptError(int result, char** argv, const option* options) {
+  const std::string_view arg = argv[optind - 1] != nullptr ? argv[optind - 1] : "";
+  if (result == ':') return std::string(arg) + " needs a value";
+  if (arg.starts_with("--")) {
+    const std::string_view name = arg.substr(2, arg.find('=') - 2);
+    for (const option* o = options; o->name != nullptr; ++o) {
+      if (name == o->name && o->has_arg == no_argument) return "--" + std::string(name) + " takes no value";
+    }
+    return "unknown or ambiguous option " + std::string(arg);
+  }
+  if (optopt != 0) return std::string("unknown option -") + static_cast<char>(optopt);
+  return "unknown option " + std::string(arg);
 }
 
+// Parses `post`'s options into *args; false with *error for a usage error.
 bool ParsePostArgs(int argc, char** argv, PostArgs* args, std::string* error) {
-  std::map<std::string_view, int> seen;
-  for (int i = 0; i < argc; ++i) {
-    std::string_view arg = argv[i];
-    std::optional<std::string> inline_value;
-    if (const size_t eq = arg.find('='); arg.starts_with("--") && eq != std::string_view::npos) {
-      inline_value = std::string(arg.substr(eq + 1));
-      arg = arg.substr(0, eq);
-    }
-    if (arg == "-h") arg = "--help";
-    const auto known = KnownOptions().find(arg);
-    if (known == KnownOptions().end()) {
-      *error = "unknown option " + std::string(argv[i]);
+  int seen[kPostOptionCount] = {};
+  opterr = 0;
+  optind = 0;  // a fresh scan (glibc)
+  for (;;) {
+    int index = -1;
+    const int o = ::getopt_long(argc, argv, ":h", kPostOptions, &index);
+    if (o == -1) break;
+    if (o == '?' || o == ':') {
+      *error = GetoptError(o, argv, kPostOptions);
       return false;
     }
-    const std::string_view name = known->first;
-    if (++seen[name] > 1 && name != "--extra") {
-      *error = std::string(name) + " is given twice";
+    const int id = o == 'h' ? kHelp : o;
+    const std::string name = std::string("--") + kPostOptions[id].name;
+    if (++seen[id] > 1 && id != kExtra) {
+      *error = name + " is given twice";
       return false;
     }
-    std::string value;
-    if (known->second) {
-      if (inline_value) {
-        value = *inline_value;
-      } else if (i + 1 < argc) {
-        value = argv[++i];
-      } else {
-        *error = std::string(name) + " needs a value";
-        return false;
-      }
-    } else if (inline_value) {
-      *error = std::string(name) + " takes no value";
-      return false;
-    }
-    const bool is_field = name != "--json" && name != "--help" && name != "--socket" &&
-                          name != "--spool-dir" && name != "--budget-ms";
-    args->any_field_option = args->any_field_option || is_field;
+    const std::string value = optarg != nullptr ? optarg : "";
     PostFields& f = args->fields;
-    if (name == "--help") args->help = true;
-    else if (name == "--json") args->json = true;
-    else if (name == "--remove") f.op_flags |= POSTSPOOL_OP_REMOVE;
-    else if (name == "--directory") f.op_flags |= POSTSPOOL_OP_DIRECTORY;
-    else if (name == "--rel-path") f.rel_path = value;
-    else if (name == "--base-url") f.base_url = value;
-    else if (name == "--retrieve-path") f.retrieve_path = value;
-    else if (name == "--rename") f.rename = value;
-    else if (name == "--link") f.link = value;
-    else if (name == "--hlink") f.hlink = value;
-    else if (name == "--file") args->file = value;
-    else if (name == "--socket") args->socket_path = value;
-    else if (name == "--spool-dir") args->spool_dir = value;
-    else if (name == "--size") {
-      int64_t v;
-      if (!postspool::cli::ParseInt64(value, &v) || v < 0) {
-        *error = "--size: expected a non-negative integer, got \"" + value + "\"";
-        return false;
+    const bool is_field = id != kJson && id != kHelp && id != kSocket && id != kSpoolDir &&
+                          id != kBudgetMs && id != kFile && id != kBaseDir;
+    args->any_field_option = args->any_field_option || is_field;
+    switch (id) {
+      case kHelp: args->help = true; break;
+      case kJson: args->json = true; break;
+      case kRemove: f.op_flags |= POSTSPOOL_OP_REMOVE; break;
+      case kDirectory: f.op_flags |= POSTSPOOL_OP_DIRECTORY; break;
+      case kRelPath: f.rel_path = value; break;
+      case kBaseUrl: f.base_url = value; break;
+      case kRetrievePath: f.retrieve_path = value; break;
+      case kRename: f.rename = value; break;
+      case kLink: f.link = value; break;
+      case kHlink: f.hlink = value; break;
+      case kFile: args->file = value; break;
+      case kBaseDir: args->base_dir = value; break;
+      case kSocket: args->socket_path = value; break;
+      case kSpoolDir: args->spool_dir = value; break;
+      case kSize: {
+        int64_t v;
+        if (!ParseInt64(value, &v) || v < 0) {
+          *error = "--size: expected a number of bytes (a non-negative integer), got \"" + value + "\"";
+          return false;
+        }
+        f.size = v;
+        break;
       }
-      f.size = v;
-    } else if (name == "--mode") {
-      uint32_t mode;
-      if (!postspool::cli::ParseOctalMode(value, &mode)) {
-        *error = "--mode: expected octal permission bits such as 644, got \"" + value + "\"";
-        return false;
+      case kMode: {
+        uint32_t mode;
+        if (!ParseOctalMode(value, &mode)) {
+          *error = "--mode: expected octal permission bits such as 644, got \"" + value + "\"";
+          return false;
+        }
+        f.mode = mode;
+        break;
       }
-      f.mode = mode;
-    } else if (name == "--mtime-ns" || name == "--atime-ns") {
-      int64_t v;
-      if (!postspool::cli::ParseInt64(value, &v)) {
-        *error = std::string(name) + ": expected an integer, got \"" + value + "\"";
-        return false;
+      case kMtimeNs:
+      case kAtimeNs: {
+        int64_t v;
+        if (!ParseInt64(value, &v)) {
+          *error = name + ": expected nanoseconds since the epoch (an integer), got \"" + value + "\"";
+          return false;
+        }
+        (id == kMtimeNs ? f.mtime_ns : f.atime_ns) = v;
+        break;
       }
-      (name == "--mtime-ns" ? f.mtime_ns : f.atime_ns) = v;
-    } else if (name == "--identity") {
-      std::string why;
-      if (!postspool::cli::ParseIdentity(value, &f.identity_method, &f.identity_value, &why)) {
-        *error = "--identity: " + why;
-        return false;
+      case kIdentity: {
+        std::string why;
+        if (!ParseIdentity(value, &f.identity_method, &f.identity_value, &why)) {
+          *error = "--identity: " + why;
+          return false;
+        }
+        break;
       }
-    } else if (name == "--extra") {
-      const size_t eq = value.find('=');
-      if (eq == std::string::npos || eq == 0) {
-        *error = "--extra: expected KEY=VALUE, got \"" + value + "\"";
-        return false;
+      case kExtra: {
+        const size_t eq = value.find('=');
+        if (eq == std::string::npos || eq == 0) {
+          *error = "--extra: expected KEY=VALUE, got \"" + value + "\"";
+          return false;
+        }
+        f.extras.emplace_back(value.substr(0, eq), value.substr(eq + 1));
+        break;
       }
-      f.extras.emplace_back(value.substr(0, eq), value.substr(eq + 1));
-    } else if (name == "--budget-ms") {
-      int64_t v;
-      if (!postspool::cli::ParseInt64(value, &v) || v <= 0 || v > UINT32_MAX) {
-        *error = "--budget-ms: expected a positive integer, got \"" + value + "\"";
-        return false;
+      case kBudgetMs: {
+        int64_t v;
+        if (!ParseInt64(value, &v) || v <= 0 || v > UINT32_MAX) {
+          *error = "--budget-ms: expected a positive number of milliseconds, got \"" + value + "\"";
+          return false;
+        }
+        args->budget_ms = static_cast<uint32_t>(v);
+        break;
       }
-      args->budget_ms = static_cast<uint32_t>(v);
+      default: *error = "unexpected option"; return false;
     }
+  }
+  if (optind < argc) {
+    const std::string_view extra = argv[optind];
+    *error = "unexpected argument \"" + std::string(extra) + "\"" +
+             (extra.starts_with('{') ? ": --json reads posts from stdin, one per line" : "");
+    return false;
   }
   return true;
 }
@@ -231,8 +315,8 @@ void Overlay(const PostFields& explicit_fields, PostFields* f) {
   for (const auto& e : explicit_fields.extras) f->extras.push_back(e);
 }
 
-// The working directory, for making --file's path absolute; empty if it
-// cannot be had (deleted, or longer than PATH_MAX).
+// The working directory, for making paths absolute; empty if it cannot be
+// had (deleted, or longer than PATH_MAX).
 std::string WorkingDirectory() {
   std::string cwd(4096, '\0');
   if (::getcwd(cwd.data(), cwd.size()) == nullptr) return {};
@@ -240,23 +324,99 @@ std::string WorkingDirectory() {
   return cwd;
 }
 
-// Posts one; prints its id, or the error. True if a transport took it.
-bool PostOne(postspool_client* client, const PostFields& fields, const std::string& where) {
+// Says once, on stderr, that a post went to the spool while no daemon
+// socket exists at the path in use: the likely cause is a wrong --socket or
+// $POSTSPOOL_SOCKET, or a daemon that is not running, and the spool
+// directory may be one no daemon watches. The post itself was taken.
+class SocketCheck {
+ public:
+  SocketCheck(std::string socket_path, std::string spool_dir)
+      : socket_path_(std::move(socket_path)), spool_dir_(std::move(spool_dir)) {}
+  void AfterSpooled() {
+    if (said_) return;
+    said_ = true;
+    struct stat st;
+    if (::stat(socket_path_.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) return;
+    const bool missing = errno == ENOENT || errno == ENOTDIR;
+    std::fprintf(stderr,
+                 "postspool: warning: %s %s: the post went to the spool directory %s, which "
+                 "postspoold adopts only if it uses that directory (check --socket or "
+                 "$POSTSPOOL_SOCKET, and that postspoold runs)\n",
+                 socket_path_.c_str(),
+                 missing ? "does not exist" : "is not a socket",
+                 spool_dir_.c_str());
+  }
+
+ private:
+  std::string socket_path_;
+  std::string spool_dir_;
+  bool said_ = false;
+};
+
+// The library's message about a refused post, in the words of the command
+// line: its C field names (rel_path, identity_size, ...) become the v03
+// names the user wrote (relPath, the identity value's length, ...).
+std::string InUserWords(std::string_view message) {
+  static constexpr std::pair<std::string_view, std::string_view> kWords[] = {
+      {"rel_path", "relPath"},
+      {"base_url", "baseUrl"},
+      {"retrieve_path", "retrievePath"},
+      {"identity_method", "the identity method"},
+      {"identity_value", "the identity value"},
+      {"identity_size", "the identity value's length"},
+      {"op_flags", "fileOp"},
+      {"extras_count", "the number of extra fields"},
+      {"mtime_ns", "mtime"},
+      {"atime_ns", "atime"},
+  };
+  std::string out;
+  size_t i = 0;
+  const auto word_char = [](char c) { return (c >= 'a' && c <= 'z') || c == '_'; };
+  while (i < message.size()) {
+    if (!word_char(message[i])) {
+      out += message[i++];
+      continue;
+    }
+    size_t end = i;
+    while (end < message.size() && word_char(message[end])) ++end;
+    const std::string_view word = message.substr(i, end - i);
+    std::string_view replacement = word;
+    for (const auto& [from, to] : kWords) {
+      if (word == from) replacement = to;
+    }
+    out += replacement;
+    i = end;
+  }
+  return out;
+}
+
+// Posts one; prints its id, or the error. The exit code of this post.
+int PostOne(postspool_client* client, const PostFields& fields, const std::string& where,
+            SocketCheck* socket_check) {
   struct postspool_post post;
   std::vector<postspool_extra> extras;
   fields.ToPost(&post, &extras);
   postspool_post_result result;
   const int rc = postspool_post(client, &post, &result);
   if (rc != POSTSPOOL_OK) {
+    const bool refused = rc == POSTSPOOL_EINVAL;
     std::fprintf(stderr, "postspool: %s%s: %s: %s\n", where.c_str(),
-                 fields.rel_path ? fields.rel_path->c_str() : "", postspool_strerror(rc),
-                 postspool_last_error());
-    return false;
+                 fields.rel_path ? fields.rel_path->c_str() : "",
+                 refused ? "refused" : postspool_strerror(rc),
+                 InUserWords(postspool_last_error()).c_str());
+    return refused ? kExitUsage : kExitFailed;
   }
-  std::printf("%s %s\n", postspool::cli::FormatUuid(result.id).c_str(),
+  std::printf("%s %s\n", FormatUuid(result.id).c_str(),
               result.transport == POSTSPOOL_TRANSPORT_SOCKET ? "socket" : "spool");
   std::fflush(stdout);
-  return true;
+  if (result.transport != POSTSPOOL_TRANSPORT_SOCKET) socket_check->AfterSpooled();
+  return kExitOk;
+}
+
+// The worse of two exit codes: bad input over a failed post over success.
+int Worse(int a, int b) {
+  const auto rank = [](int code) { return code == kExitUsage ? 2 : code == kExitFailed ? 1 : 0; };
+  return rank(a) >= rank(b) ? a : b;
 }
 
 // Reads one line of stdin without its '\n' into *line, keeping at most
@@ -279,56 +439,141 @@ bool ReadLine(std::string* line, bool* too_long) {
   }
 }
 
-int PostJsonLines(postspool_client* client) {
+int PostJsonLines(postspool_client* client, SocketCheck* socket_check) {
   int status = kExitOk;
   std::string line;
   bool too_long = false;
+  bool said_replaced = false;
   for (size_t number = 1; ReadLine(&line, &too_long); ++number) {
-    const std::string where = "stdin line " + std::to_string(number) + ": ";
+    const std::string where = "stdin line " + std::to_string(number);
     if (too_long) {
-      std::fprintf(stderr, "postspool: %slonger than %zu bytes\n", where.c_str(),
+      std::fprintf(stderr, "postspool: %s: longer than %zu bytes, not a post\n", where.c_str(),
                    kJsonLineBytesMax);
-      status = kExitPostFailed;
+      status = Worse(status, kExitUsage);
       continue;
     }
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    postspool::cli::JsonValue value;
-    postspool::cli::JsonError error;
-    if (!postspool::cli::ParseJson(line, &value, &error)) {
-      std::fprintf(stderr, "postspool: stdin line %zu, column %zu: %s\n", number, error.column,
-                   error.message.c_str());
-      status = kExitPostFailed;
-      continue;
-    }
     PostFields fields;
+    JsonNotes notes;
     std::string why;
-    if (!postspool::cli::PostFieldsFromJson(value, &fields, &why)) {
-      std::fprintf(stderr, "postspool: %s%s\n", where.c_str(), why.c_str());
-      status = kExitPostFailed;
+    if (!PostFieldsFromJsonLine(line, &fields, &notes, &why)) {
+      std::fprintf(stderr, "postspool: %s%s%s\n", where.c_str(),
+                   why.starts_with("column ") ? ", " : ": ", why.c_str());
+      status = Worse(status, kExitUsage);
       continue;
     }
-    if (!PostOne(client, fields, where)) status = kExitPostFailed;
+    if ((notes.pub_time_replaced || notes.source_replaced) && !said_replaced) {
+      said_replaced = true;
+      std::fprintf(stderr,
+                   "postspool: note: %s (and any later line): %s%s%s replaced: a post made now "
+                   "gets the time of posting, and the daemon sets source when it publishes\n",
+                   where.c_str(), notes.pub_time_replaced ? "pubTime" : "",
+                   notes.pub_time_replaced && notes.source_replaced ? " and " : "",
+                   notes.source_replaced ? "source" : "");
+    }
+    status = Worse(status, PostOne(client, fields, where + ": ", socket_check));
   }
   if (std::ferror(stdin)) {
     std::fprintf(stderr, "postspool: reading stdin failed\n");
-    status = kExitPostFailed;
+    status = Worse(status, kExitFailed);
   }
   return status;
 }
 
-int RunPost(int argc, char** argv) {
+// A path option given with --file (--rename OLD, --hlink OTHER): the same
+// form as --file's PATH, made a relPath under the base directory.
+bool FilePathToRelPath(const std::string& option_name, const std::string& path,
+                       const std::string& base_dir, const std::string& cwd, std::string* rel_path,
+                       std::string* error) {
+  if (!path.starts_with('/') && cwd.empty()) {
+    *error = option_name + " " + path +
+             ": relative, and the working directory is unknown: give an absolute path";
+    return false;
+  }
+  if (!RelPathUnderBase(path, base_dir, cwd, rel_path)) {
+    *error = option_name + " " + path + " is not under the base directory " + base_dir +
+             " (--base-dir)";
+    return false;
+  }
+  return true;
+}
+
+// The fields of `post --file`: the file's metadata, its relPath under the
+// base directory, and --rename/--hlink taken as file paths. The exit code.
+int FieldsOfFile(const PostArgs& args, PostFields* fields) {
+  const std::string& path = *args.file;
+  const std::string base_dir = args.base_dir.value_or("/");
+  const std::string cwd = WorkingDirectory();
+  std::string error;
+  const bool remove = (args.fields.op_flags & POSTSPOOL_OP_REMOVE) != 0;
+  struct stat st;
+  const bool exists = ::lstat(path.c_str(), &st) == 0;
+  if (!exists && errno != ENOENT && errno != ENOTDIR) {
+    std::fprintf(stderr, "postspool: %s: %s\n", path.c_str(), std::strerror(errno));
+    return kExitFailed;
+  }
+  if (remove && exists) {
+    return PostUsage("--remove announces that " + path +
+                     " was removed, but it still exists: remove it first (or post it without "
+                     "--remove)");
+  }
+  if (!remove && !exists) {
+    return PostUsage(path + " does not exist (to announce that it was removed, add --remove)");
+  }
+  if (exists) {
+    if (!FillFromFile(path, fields, &error)) {
+      std::fprintf(stderr, "postspool: %s\n", error.c_str());
+      return kExitFailed;
+    }
+    if (S_ISREG(st.st_mode) && st.st_nlink > 1 && !args.fields.hlink) {
+      std::fprintf(stderr,
+                   "postspool: note: %s has %ju hard links; it is posted as a file of its own "
+                   "(to announce it as a hard link to another name, add --hlink OTHER)\n",
+                   path.c_str(), static_cast<uintmax_t>(st.st_nlink));
+    }
+  }
+  PostFields explicit_fields = args.fields;
+  if (!explicit_fields.rel_path) {
+    std::string rel_path;
+    if (!FilePathToRelPath("--file", path, base_dir, cwd, &rel_path, &error)) {
+      return PostUsage(error);
+    }
+    fields->rel_path = rel_path;
+  }
+  for (auto [option_name, value] : {std::pair{"--rename", &explicit_fields.rename},
+                                    std::pair{"--hlink", &explicit_fields.hlink}}) {
+    if (!*value) continue;
+    std::string rel_path;
+    if (!FilePathToRelPath(option_name, **value, base_dir, cwd, &rel_path, &error)) {
+      return PostUsage(error);
+    }
+    *value = rel_path;
+  }
+  Overlay(explicit_fields, fields);
+  return kExitOk;
+}
+
+int RunPost(std::string_view, int argc, char** argv) {
   PostArgs args;
   std::string error;
-  if (!ParsePostArgs(argc, argv, &args, &error)) return Usage(error);
+  if (!ParsePostArgs(argc, argv, &args, &error)) return PostUsage(error);
   if (args.help) {
     std::fputs(kPostUsage, stdout);
     return kExitOk;
   }
-  if (args.json && (args.any_field_option || args.file)) {
-    return Usage("--json takes the fields from stdin: no field options or --file with it");
+  if (args.json && (args.any_field_option || args.file || args.base_dir)) {
+    return PostUsage("--json takes the fields from stdin: no field options or --file with it");
   }
   if (!args.json && !args.fields.rel_path && !args.file) {
-    return Usage("--rel-path (or --file) is required");
+    return PostUsage("--rel-path (or --file) is required");
+  }
+  if (args.base_dir && !args.file) return PostUsage("--base-dir goes with --file");
+
+  PostFields fields;
+  if (args.file) {
+    if (const int rc = FieldsOfFile(args, &fields); rc != kExitOk) return rc;
+  } else if (!args.json) {
+    fields = args.fields;
   }
 
   postspool_options options;
@@ -339,58 +584,38 @@ int RunPost(int argc, char** argv) {
   postspool_client* client = nullptr;
   if (const int rc = postspool_open(&options, &client); rc != POSTSPOOL_OK) {
     std::fprintf(stderr, "postspool: %s: %s\n", postspool_strerror(rc), postspool_last_error());
-    return rc == POSTSPOOL_EINVAL ? kExitUsage : kExitPostFailed;
+    return rc == POSTSPOOL_EINVAL ? kExitUsage : kExitFailed;
   }
-
-  int status = kExitOk;
-  if (args.json) {
-    status = PostJsonLines(client);
-  } else {
-    PostFields fields;
-    bool ok = true;
-    if (args.file) {
-      ok = postspool::cli::FillFromFile(*args.file, &fields, &error);
-      if (!ok) std::fprintf(stderr, "postspool: %s\n", error.c_str());
-      if (ok && !args.fields.rel_path) {
-        const std::string cwd = args.file->starts_with('/') ? "/" : WorkingDirectory();
-        if (cwd.empty()) {
-          std::fprintf(stderr, "postspool: %s is relative and the working directory is "
-                               "unknown: give an absolute path or --rel-path\n",
-                       args.file->c_str());
-          ok = false;
-        } else {
-          fields.rel_path = postspool::cli::RelPathOfFile(*args.file, cwd);
-        }
-      }
-    }
-    if (ok) {
-      Overlay(args.fields, &fields);
-      ok = PostOne(client, fields, "");
-    }
-    status = ok ? kExitOk : kExitPostFailed;
-  }
+  SocketCheck socket_check(options.socket_path, options.spool_dir);
+  const int status = args.json ? PostJsonLines(client, &socket_check)
+                               : PostOne(client, fields, "", &socket_check);
   postspool_close(client);
   return status;
 }
 
 }  // namespace
+}  // namespace postspool::cli
 
 int main(int argc, char** argv) {
-  if (argc < 2) return Usage("no command given");
+  using namespace postspool::cli;
+  if (argc < 2) {
+    std::fputs("postspool: no command given\n", stderr);
+    PrintUsage(stderr);
+    return kExitUsage;
+  }
   const std::string_view command = argv[1];
   if (command == "--help" || command == "-h" || command == "help") {
-    std::fputs(kUsage, stdout);
-    std::fputs("\n", stdout);
-    std::fputs(kPostUsage, stdout);
+    PrintUsage(stdout);
     return kExitOk;
   }
   if (command == "--version") {
     std::printf("postspool %d.%d\n", POSTSPOOL_VERSION_MAJOR, POSTSPOOL_VERSION_MINOR);
     return kExitOk;
   }
-  if (command == "post") return RunPost(argc - 2, argv + 2);
-  if (postspool::cli::IsControlCommand(command)) {
-    return postspool::cli::RunControlCommand(command, argc - 1, argv + 1);
+  for (const Command& c : kCommands) {
+    if (command == c.name) return c.run(c.name, argc - 1, argv + 1);
   }
-  return Usage("unknown command \"" + std::string(command) + "\"");
+  std::fprintf(stderr, "postspool: unknown command \"%s\"\n", argv[1]);
+  PrintUsage(stderr);
+  return kExitUsage;
 }

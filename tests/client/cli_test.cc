@@ -193,8 +193,8 @@ TEST_F(CliTest, RelPathThatIsNotNormalisedIsRefusedWithTheFieldNamed) {
     std::vector<std::string> args = {"post", "--rel-path", bad};
     for (const std::string& a : Transport()) args.push_back(a);
     const ToolRun r = Postspool(args);
-    EXPECT_EQ(r.exit_code, 1) << bad;
-    EXPECT_NE(r.err.find("rel_path"), std::string::npos) << r.err;
+    EXPECT_EQ(r.exit_code, 2) << bad;  // bad input
+    EXPECT_NE(r.err.find("relPath"), std::string::npos) << r.err;
   }
   EXPECT_TRUE(ReadSpool(SpoolDir()).empty());
 }
@@ -210,9 +210,9 @@ TEST_F(CliTest, JsonWithAReservedOrRepeatedNameOrANegativeSizeIsRefused) {
   std::vector<std::string> args = {"post", "--json"};
   for (const std::string& a : Transport()) args.push_back(a);
   const ToolRun r = Postspool(args, input);
-  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.exit_code, 2);  // bad input
   EXPECT_EQ(Lines(r.out).size(), 1u) << r.out;
-  for (const char* named : {"integrity", "from_cluster", "size", "rel_path", "rename"}) {
+  for (const char* named : {"integrity", "from_cluster", "size", "relPath", "rename"}) {
     EXPECT_NE(r.err.find(named), std::string::npos) << named << " in " << r.err;
   }
   const auto spooled = ReadSpool(SpoolDir());
@@ -285,9 +285,9 @@ TEST_F(CliTest, MalformedJsonLineIsReportedWithItsLineNumberAndTheRestPosted) {
   std::vector<std::string> args = {"post", "--json"};
   for (const std::string& a : Transport()) args.push_back(a);
   const ToolRun r = Postspool(args, input);
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.err.find("line 2, column 19: expected ',' or '}'"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("line 4: relPath is missing"), std::string::npos) << r.err;
+  EXPECT_EQ(r.exit_code, 2);  // bad input
+  EXPECT_NE(r.err.find("stdin line 2, column 24: syntax error"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("stdin line 4: relPath is missing"), std::string::npos) << r.err;
   EXPECT_EQ(Lines(r.out).size(), 2u);
   const auto spooled = ReadSpool(SpoolDir());
   ASSERT_EQ(spooled.size(), 2u);
@@ -301,7 +301,7 @@ TEST_F(CliTest, OverlongJsonLineIsRefusedAndTheNextPosted) {
   std::vector<std::string> args = {"post", "--json"};
   for (const std::string& a : Transport()) args.push_back(a);
   const ToolRun r = Postspool(args, input);
-  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.exit_code, 2);  // bad input
   EXPECT_NE(r.err.find("stdin line 1: longer than"), std::string::npos) << r.err;
   const auto spooled = ReadSpool(SpoolDir());
   ASSERT_EQ(spooled.size(), 1u);
@@ -317,12 +317,14 @@ TEST_F(CliTest, FailedPostExitsOneWithTheReason) {
   EXPECT_NE(r.err.find("spool: open " + dir_.File("missing")), std::string::npos) << r.err;
 }
 
-TEST_F(CliTest, RefusedPostExitsOne) {
+TEST_F(CliTest, RefusedPostExitsTwoAsBadInput) {
   std::vector<std::string> args = {"post", "--rel-path", "x", "--extra", "relPath=y"};
   for (const std::string& a : Transport()) args.push_back(a);
   const ToolRun r = Postspool(args);
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.err.find("invalid argument"), std::string::npos) << r.err;
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("x: refused: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("relPath"), std::string::npos) << r.err;
+  EXPECT_TRUE(ReadSpool(SpoolDir()).empty());
 }
 
 TEST_F(CliTest, UsageErrorsExitTwo) {
@@ -341,6 +343,14 @@ TEST_F(CliTest, UsageErrorsExitTwo) {
       {"post", "--rel-path", "a", "--budget-ms", "0"},
       {"post", "--json", "--rel-path", "a"},
       {"post", "--remove=yes", "--rel-path", "a"},
+      {"post", "--rel-path", "a", "--identity", "md5:AAAA"},
+      {"post", "--rel-path", "a", "stray"},
+      {"post", "--json", "{\"relPath\": \"a\"}"},
+      {"post", "--rel-path", "a", "--base-dir", "/"},
+      {"inspect"},
+      {"inspect", "--bogus", "f"},
+      {"verify"},
+      {"verify", "--force", "."},
   };
   for (const auto& args : cases) {
     std::string joined;

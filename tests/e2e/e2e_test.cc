@@ -90,6 +90,7 @@ struct PosterOptions {
   std::string stop_file;
   uint32_t budget_ms = 5;
   int pause_us = 0;            // between posts
+  size_t padding_bytes = 0;    // an extra field of this many bytes in every post
   std::string report_file;     // where the child writes its report
 };
 
@@ -108,6 +109,8 @@ struct PosterOptions {
   if (postspool_open(&opt, &client) != 0) ::_exit(2);
   FILE* out = std::fopen(o.report_file.c_str(), "w");
   if (out == nullptr) ::_exit(3);
+  const std::string padding(o.padding_bytes, 'x');
+  const postspool_extra padding_extra{"padding", padding.c_str()};
   for (int i = 0; o.posts < 0 || i < o.posts; ++i) {
     if (o.posts < 0 && i % 16 == 0 && ::access(o.stop_file.c_str(), F_OK) == 0) break;
     const std::string rel = "e2e/p" + std::to_string(index) + "/d" + std::to_string(i % 7) +
@@ -117,6 +120,10 @@ struct PosterOptions {
     post.rel_path = rel.c_str();
     post.has_size = 1;
     post.size = i;
+    if (o.padding_bytes > 0) {
+      post.extras = &padding_extra;
+      post.extras_count = 1;
+    }
     postspool_post_result result;
     const auto start = Clock::now();
     const int rc = postspool_post(client, &post, &result);
@@ -301,6 +308,21 @@ class EndToEnd : public ::testing::TestWithParam<std::string> {
 
   std::string ReportDir() { return daemon_->root(); }
 
+  // The message with this id (waiting up to 60 s); other messages are
+  // dropped. An empty message if it never came.
+  ReceivedMessage Receive(const std::string& id) {
+    const auto deadline = Clock::now() + 60s;
+    while (Clock::now() < deadline) {
+      std::vector<ReceivedMessage> got;
+      if (!consumer_.GetAll(queue_, &got).ok()) return {};
+      for (ReceivedMessage& m : got) {
+        if (m.message_id == id) return m;
+      }
+      if (got.empty()) std::this_thread::sleep_for(50ms);
+    }
+    return {};
+  }
+
   // The daemon's counter once it reached `at_least` (the metrics file is
   // rewritten every 100 ms), or its value after 5 s.
   uint64_t WaitForMetric(const std::string& name, uint64_t at_least) {
@@ -333,6 +355,31 @@ TEST_P(EndToEnd, ThirtyTwoProcessesOfAThousandPostsEachAllArrive) {
               r.transports.count(1) ? r.transports.at(1) : 0,
               r.transports.count(2) ? r.transports.at(2) : 0, Percentile(r.latencies_ms, 0.5),
               Percentile(r.latencies_ms, 0.99));
+  ExpectAllArrived(r.ids);
+}
+
+// The journal rolls over to a new segment every 1 MiB; the segments are
+// created off the ingest thread (the io_uring backend's worker thread) while
+// posts keep arriving, at durability `synced`.
+TEST_P(EndToEnd, JournalRollsOverToNewSegmentsWhilePostsArriveAndEveryPostArrives) {
+  BindQueue();
+  auto o = DaemonOptions();
+  o.durability = "synced";
+  o.extra_config = {"journal_segment_bytes_max = 1 MiB", "batch_bytes_max = 512 KiB"};
+  daemon_ = std::make_unique<DaemonProcess>(o);
+  ASSERT_TRUE(daemon_->Start());
+  PosterOptions p = Poster(2500);
+  p.budget_ms = 1000;  // synced: every batch waits for its fdatasync
+  p.padding_bytes = 400;  // 10,000 posts of about 600 bytes: 6 MB, 6 segments
+  const PosterReport r = Posters(p, 4, ReportDir()).Wait();
+  EXPECT_EQ(r.failures, 0);
+  ASSERT_EQ(r.ids.size(), 10000u);
+  const uint64_t segments = WaitForMetric("journal_segments_created_total", 3);
+  std::printf("[ report ] %llu journal segments for 10,000 posts; transports: socket %d, spool %d\n",
+              static_cast<unsigned long long>(segments),
+              r.transports.count(1) ? r.transports.at(1) : 0,
+              r.transports.count(2) ? r.transports.at(2) : 0);
+  EXPECT_GE(segments, 3u);
   ExpectAllArrived(r.ids);
 }
 
@@ -735,6 +782,79 @@ TEST_P(EndToEnd, AFullJournalDiskPausesAdoptionWithBackoffTheDaemonRestartsOnItA
   // Space again: everything arrives, nothing was lost.
   ASSERT_EQ(::unlink((jdir + "/filler").c_str()), 0);
   ExpectAllArrived(ids);
+}
+
+// Runs the postspool tool with `args` and `input` on stdin; its exit code,
+// stdout in *out.
+int RunPostspoolTool(const std::string& dir, std::vector<std::string> args,
+                     const std::string& input, std::string* out) {
+  const std::string in_path = dir + "/tool.stdin", out_path = dir + "/tool.stdout";
+  std::ofstream(in_path, std::ios::binary) << input;
+  args.insert(args.begin(), POSTSPOOL_CLI_PATH);
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int in = ::open(in_path.c_str(), O_RDONLY);
+    const int o = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (in < 0 || o < 0) ::_exit(126);
+    ::dup2(in, 0);
+    ::dup2(o, 1);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  std::ifstream got(out_path, std::ios::binary);
+  out->assign(std::istreambuf_iterator<char>(got), std::istreambuf_iterator<char>());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// A body without its pubTime member (the one field a new post changes).
+std::string WithoutPubTime(const std::string& body) {
+  const size_t at = body.find("\"pubTime\": \"");
+  if (at == std::string::npos) return body;
+  const size_t end = body.find('"', at + 12);
+  size_t cut = end + 1;
+  if (body.compare(cut, 2, ", ") == 0) cut += 2;
+  return body.substr(0, at) + body.substr(cut);
+}
+
+// What an unmodified consumer receives from the broker, given back to
+// `postspool post --json`, is published again as the same post: same body
+// but for pubTime (source included, a name that is not UTF-8 included),
+// same routing key.
+TEST_P(EndToEnd, PostJsonTakesBackABodyTheDaemonPublished) {
+  BindQueue();
+  ASSERT_TRUE(StartDaemon());
+  const std::vector<std::string> transport = {"--socket", daemon_->socket_path(), "--spool-dir",
+                                              daemon_->spool_dir(), "--budget-ms", "2000"};
+  std::vector<std::string> args = {"post", "--rel-path", "d/caf\xc3\xa9 x/\xff\xfe.bin",
+                                   "--base-url", "sftp://h/", "--size", "12", "--mode", "640",
+                                   "--identity", "cod:sha512", "--extra", "flavour=vanille",
+                                   "--rename", "d/old \x80"};
+  for (const std::string& a : transport) args.push_back(a);
+  std::string out;
+  ASSERT_EQ(RunPostspoolTool(ReportDir(), args, "", &out), 0);
+  const std::string first_id = out.substr(0, 36);
+  const ReceivedMessage first = Receive(first_id);
+  ASSERT_EQ(first.message_id, first_id);
+  ASSERT_NE(first.body.find("\\udcff\\udcfe"), std::string::npos) << first.body;
+  ASSERT_NE(first.body.find("\"source\": "), std::string::npos) << first.body;
+
+  std::vector<std::string> again = {"post", "--json"};
+  for (const std::string& a : transport) again.push_back(a);
+  ASSERT_EQ(RunPostspoolTool(ReportDir(), again, first.body + "\n", &out), 0);
+  const std::string second_id = out.substr(0, 36);
+  ASSERT_NE(second_id, first_id);
+  const ReceivedMessage second = Receive(second_id);
+  ASSERT_EQ(second.message_id, second_id);
+  EXPECT_EQ(WithoutPubTime(second.body), WithoutPubTime(first.body));
+  EXPECT_NE(second.body, first.body);  // a new post: a new pubTime
+  EXPECT_EQ(second.routing_key, first.routing_key);
+  EXPECT_EQ(first.routing_key, "v03.d.caf\xc3\xa9 x");
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, EndToEnd, ::testing::Values("io_uring", "epoll"),

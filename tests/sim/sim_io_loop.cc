@@ -75,7 +75,7 @@ void SimIoLoop::SubmitWrite(int fd, const std::byte* data, size_t bytes, uint64_
   assert(e != nullptr && e->kind == SimNode::FdEntry::kFile);
   ++work_.writes;
   io_.push_back(Io{false, fd, e->ino, data, bytes, offset, cookie,
-                   round_ + 1 + rng_.Below(options_.io_delay_rounds_max + 1)});
+                   round_ + 1 + rng_.Below(options_.io_delay_rounds_max + 1), {}});
 }
 
 void SimIoLoop::SubmitSync(int fd, uint64_t cookie) {
@@ -83,12 +83,20 @@ void SimIoLoop::SubmitSync(int fd, uint64_t cookie) {
   assert(e != nullptr && e->kind == SimNode::FdEntry::kFile);
   ++work_.syncs;
   io_.push_back(Io{true, fd, e->ino, nullptr, 0, 0, cookie,
-                   round_ + 1 + rng_.Below(options_.io_delay_rounds_max + 1)});
+                   round_ + 1 + rng_.Below(options_.io_delay_rounds_max + 1), {}});
+}
+
+void SimIoLoop::SubmitTask(std::function<int64_t()> task, uint64_t cookie) {
+  Io io;
+  io.cookie = cookie;
+  io.due_round = round_ + 1 + rng_.Below(options_.io_delay_rounds_max + 1);
+  io.task = std::move(task);
+  io_.push_back(std::move(io));
 }
 
 void SimIoLoop::CrashInFlight() {
   for (const Io& io : io_) {
-    if (io.sync || !rng_.OneIn(2)) continue;
+    if (io.task || io.sync || !rng_.OneIn(2)) continue;
     // The kernel finishes a write the dead process submitted, possibly in
     // part. Nobody is told.
     SimFs::Inode* in = node_->fs.Get(io.ino);
@@ -157,14 +165,16 @@ Status SimIoLoop::RunOnce(int timeout_ms) {
   // I/O completions.
   std::deque<Io> later;
   while (!io_.empty() && !fs.daemon_dead()) {
-    Io io = io_.front();
+    Io io = std::move(io_.front());
     io_.pop_front();
     if (io.due_round > round_) {
-      later.push_back(io);
+      later.push_back(std::move(io));
       continue;
     }
     int64_t result;
-    if (io.sync) {
+    if (io.task) {
+      result = io.task();
+    } else if (io.sync) {
       SimNode::FdEntry* e = node_->MutableFd(io.fd);
       result = -fs.Sync(Actor::kDaemon, io.ino, e != nullptr ? &e->wb_err_seen : nullptr);
     } else {
@@ -174,7 +184,7 @@ Status SimIoLoop::RunOnce(int timeout_ms) {
     callbacks_->OnIoDone(io.cookie, result);
   }
   while (!later.empty()) {
-    io_.push_front(later.back());
+    io_.push_front(std::move(later.back()));
     later.pop_back();
   }
   if (!fs.daemon_dead()) callbacks_->OnRoundEnd();

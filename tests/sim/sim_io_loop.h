@@ -51,6 +51,9 @@ class SimIoLoop final : public daemon::IoLoop {
   void SubmitWrite(int fd, const std::byte* data, size_t bytes, uint64_t offset,
                    uint64_t cookie) override;
   void SubmitSync(int fd, uint64_t cookie) override;
+  // Runs the task as a completion, rounds later (as the worker thread
+  // would); a crash before then drops it.
+  void SubmitTask(std::function<int64_t()> task, uint64_t cookie) override;
   Status RunOnce(int timeout_ms) override;
 
   // The daemon dies: writes in flight land (whole or torn) or not.
@@ -67,6 +70,7 @@ class SimIoLoop final : public daemon::IoLoop {
     uint64_t offset = 0;
     uint64_t cookie = 0;
     uint64_t due_round = 0;
+    std::function<int64_t()> task;  // set: a task, not a write or sync
   };
   SimSocket* SocketOf(int fd);
 

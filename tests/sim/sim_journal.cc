@@ -56,19 +56,55 @@ Status SimJournal::Open(SimNode* node, const Options& options, daemon::JournalUs
   return (*out)->StartSegment();
 }
 
-SimJournal::~SimJournal() { CloseFd(); }
+SimJournal::~SimJournal() {
+  CloseFd();
+  if (made_fd_ >= 0) node_->CloseFd(made_fd_);
+}
 
 void SimJournal::CloseFd() {
   if (fd_ >= 0) node_->CloseFd(fd_);
   fd_ = -1;
 }
 
-// segment::CreateSegment (an unnamed file linked into place), then
-// JournalWriter::StartSegment.
 Status SimJournal::StartSegment() {
-  SimFs& fs = node_->fs;
   const uint64_t seq = next_seq_;
-  next_seq_ = seq + 1;  // as JournalWriter::StartSegment
+  next_seq_ = seq + 1;  // as JournalWriter::Install
+  made_ = CreateSegmentFile(seq, &made_fd_);
+  made_seq_ = seq;
+  return SegmentDone();
+}
+
+bool SimJournal::NeedsSegment(uint64_t bytes) const {
+  return fd_ < 0 ||
+         (end_.offset > segment::kHeaderBytes && end_.offset + bytes > options_.segment_bytes_max);
+}
+
+// As the daemon's: the file is made when the loop runs the task (SimIoLoop
+// runs it as a completion, rounds later), installed by SegmentDone.
+std::function<int64_t()> SimJournal::NewSegmentTask() {
+  const uint64_t seq = next_seq_;
+  next_seq_ = seq + 1;
+  return [this, seq] {
+    made_ = CreateSegmentFile(seq, &made_fd_);
+    made_seq_ = seq;
+    return made_.ok() ? int64_t{0} : int64_t{-1};
+  };
+}
+
+Status SimJournal::SegmentDone() {
+  if (!made_.ok()) return made_;
+  CloseFd();
+  fd_ = made_fd_;
+  made_fd_ = -1;
+  end_ = JournalPosition{made_seq_, segment::kHeaderBytes};
+  usage_->bytes.fetch_add(segment::kHeaderBytes);
+  return Status::Ok();
+}
+
+// segment::CreateSegment (an unnamed file linked into place) and
+// CreateJournalSegment.
+Status SimJournal::CreateSegmentFile(uint64_t seq, int* fd_out) {
+  SimFs& fs = node_->fs;
   const std::string name = daemon::JournalSegmentName(seq);
   segment::Header h;
   h.segment_id = seq;
@@ -107,17 +143,13 @@ Status SimJournal::StartSegment() {
       return Status::FromErrno(err, "sync spool directory");
     }
   }
-  CloseFd();
-  fd_ = fd;
-  end_ = JournalPosition{seq, segment::kHeaderBytes};
-  usage_->bytes.fetch_add(segment::kHeaderBytes);
+  *fd_out = fd;
   return Status::Ok();
 }
 
 Status SimJournal::Reserve(uint64_t bytes, Slot* slot) {
   assert(!reservation_open_);
-  if (fd_ < 0 ||
-      (end_.offset > segment::kHeaderBytes && end_.offset + bytes > options_.segment_bytes_max)) {
+  if (NeedsSegment(bytes)) {
     if (Status s = StartSegment(); !s.ok()) return s;
   }
   reservation_open_ = true;

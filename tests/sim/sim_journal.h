@@ -43,6 +43,9 @@ class SimJournal final : public daemon::JournalPort {
 
   void set_watermark(std::function<JournalPosition()> f) { watermark_ = std::move(f); }
 
+  bool NeedsSegment(uint64_t bytes) const override;
+  std::function<int64_t()> NewSegmentTask() override;
+  Status SegmentDone() override;
   Status Reserve(uint64_t bytes, Slot* slot) override;
   JournalPosition Committed() override;
   void Abandon() override;
@@ -56,6 +59,7 @@ class SimJournal final : public daemon::JournalPort {
              SimCommits* commits, uint64_t next_seq)
       : node_(node), options_(options), usage_(usage), commits_(commits), next_seq_(next_seq) {}
   Status StartSegment();
+  Status CreateSegmentFile(uint64_t seq, int* fd);
   void CloseFd();
 
   SimNode* node_;
@@ -68,6 +72,10 @@ class SimJournal final : public daemon::JournalPort {
   JournalPosition end_;
   uint64_t reserved_ = 0;
   bool reservation_open_ = false;
+  // The segment the last task made (SegmentDone installs it).
+  Status made_;
+  int made_fd_ = -1;
+  uint64_t made_seq_ = 0;
 };
 
 // Sorted sequence numbers of the journal segments.
