@@ -88,8 +88,8 @@ constexpr char kPostUsage[] =
     "bad input (a line that is not a post, a post refused for what it says).\n";
 
 // The subcommands. A command that is not here is a usage error. The control
-// commands (status, drain, metrics) take the same signature: adding one is
-// one line, {"status", RunControlCommand, "[--json]", "the daemon's state"}.
+// commands (status, drain, metrics, reconnect, log-level) are in
+// control_commands.h.
 struct Command {
   const char* name;
   int (*run)(std::string_view name, int argc, char** argv);
