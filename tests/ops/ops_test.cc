@@ -559,6 +559,34 @@ TEST_F(Ops, UnderSystemdLinesCarryPrioritiesAndStatusShowsTheBacklog) {
   EXPECT_NE(text.find("\n<4>warning: forwarder: cannot use broker"), std::string::npos) << text;
 }
 
+TEST_F(Ops, ReconnectEndsTheBackOffWait) {
+  // Delays of up to 60 s, with full jitter.
+  StartDaemon("amqp://guest:guest@127.0.0.1:" + std::to_string(UnusedPort()) + "/",
+              {"reconnect_delay_initial_ms = 60000", "reconnect_delay_max_ms = 60000"});
+  // Wait for a draw that leaves at least 20 s to the next attempt (5 in 6
+  // draws do), so that an attempt within the next 15 s is the reconnect's.
+  json j;
+  const Clock::time_point end = Clock::now() + 300s;
+  do {
+    j = WaitStatus([](const json& s) { return s["broker"]["state"] == "waiting"; });
+    if (j["broker"]["next_attempt_in_ms"].get<int64_t>() >= 20000) break;
+    const int failures = j["broker"]["connect_failures_in_row"];
+    WaitStatus([failures](const json& s) {
+      return s["broker"]["connect_failures_in_row"].get<int>() > failures;
+    }, 70s);
+  } while (Clock::now() < end);
+  ASSERT_GE(j["broker"]["next_attempt_in_ms"].get<int64_t>(), 20000) << j.dump(2);
+  const int failures = j["broker"]["connect_failures_in_row"];
+  std::string out;
+  ASSERT_EQ(Cli({"reconnect"}, &out), 0) << out;
+  const json after = WaitStatus([failures](const json& s) {
+    return s["broker"]["connect_failures_in_row"].get<int>() > failures;
+  }, 15s);
+  EXPECT_GT(after["broker"]["connect_failures_in_row"].get<int>(), failures);
+  EXPECT_NE(daemon_->LogText().find("reconnect requested through the control socket"),
+            std::string::npos);
+}
+
 TEST_F(Ops, ExitCodesForUsageErrorsAndAnUnreachableDaemon) {
   std::string out, err;
   EXPECT_EQ(RunProgram({cli_, "status", "--control-socket", "/nonexistent/control.sock"}, &out, &err), 3);
