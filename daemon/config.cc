@@ -141,6 +141,10 @@ Status ParseConfig(const std::string& text, const std::string& origin, Config* c
       {"tls_verify_hostname", [&](auto v) { return ParseBool(v, &c->tls_verify_hostname); }},
       {"shutdown_drain_ms", [&](auto v) { return ParseU32(v, &c->shutdown_drain_ms); }},
       {"metrics_file", [&](auto v) { c->metrics_file = v; return true; }},
+      {"control_socket_path", [&](auto v) { c->control_socket_path = v; return true; }},
+      {"control_connections_max", [&](auto v) { return ParseU32(v, &c->control_connections_max) && c->control_connections_max > 0; }},
+      {"control_timeout_ms", [&](auto v) { return ParseU32(v, &c->control_timeout_ms) && c->control_timeout_ms > 0; }},
+      {"health_confirm_stall_ms", [&](auto v) { return ParseU32(v, &c->health_confirm_stall_ms) && c->health_confirm_stall_ms > 0; }},
       {"metrics_interval_ms", [&](auto v) { return ParseU32(v, &c->metrics_interval_ms) && c->metrics_interval_ms > 0; }},
       {"log_level", [&](auto v) {
          c->log_level = v;
@@ -210,6 +214,18 @@ Status CheckConfig(const Config& c) {
     if (path->empty() || path->front() != '/') {
       return invalid(std::string(key) + " must be an absolute path, not '" + *path + "'");
     }
+  }
+  if (!c.control_socket_path.empty() &&
+      (c.control_socket_path.front() != '/' || c.control_socket_path.size() > kSunPathBytesMax)) {
+    return invalid("control_socket_path must be an absolute path of at most " +
+                   std::to_string(kSunPathBytesMax) + " bytes (or empty), not '" +
+                   c.control_socket_path + "'");
+  }
+  if (c.control_socket_path == c.socket_path) {
+    return invalid("control_socket_path must differ from socket_path");
+  }
+  if (c.control_connections_max == 0 || c.control_timeout_ms == 0) {
+    return invalid("control_connections_max and control_timeout_ms must be above 0");
   }
   if (!c.metrics_file.empty() && c.metrics_file.front() != '/') {
     return invalid("metrics_file must be an absolute path (or empty), not '" + c.metrics_file +

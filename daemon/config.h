@@ -87,6 +87,17 @@ struct Config {
   std::string metrics_file = "/run/postspool/metrics.prom";
   uint32_t metrics_interval_ms = 5000;
 
+  // The control socket (`postspool status|drain|metrics`; control.h): any
+  // user may read status and metrics, root and the daemon's group may change
+  // state. Empty: off. At most control_connections_max clients at once, each
+  // served within control_timeout_ms.
+  std::string control_socket_path = "/run/postspool/control.sock";
+  uint32_t control_connections_max = 16;
+  uint32_t control_timeout_ms = 2000;
+  // `postspool status` calls the daemon unhealthy when posts are in flight
+  // and the broker confirmed nothing for this long.
+  uint32_t health_confirm_stall_ms = 30000;
+
   // Logging: error, warning, info, debug.
   std::string log_level = "info";
 };

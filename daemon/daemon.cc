@@ -9,18 +9,27 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <dirent.h>
+
 #include <cerrno>
 #include <chrono>
+#include <cinttypes>
 #include <cstring>
+#include <deque>
+#include <mutex>
 #include <unordered_map>
 #include <algorithm>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "control.h"
 #include "forwarder.h"
 #include "ingest.h"
 #include "io_loop.h"
 #include "journal.h"
 #include "log.h"
+#include "log_limiter.h"
 #include "metrics.h"
 #include "notify.h"
 #include "post.h"
@@ -37,6 +46,40 @@ using namespace std::chrono_literals;
 
 constexpr int kRoundTimeoutMs = 50;
 constexpr auto kPeriodicWork = 100ms;
+// How often systemd's STATUS= line (the backlog) is refreshed.
+constexpr auto kNotifyStatusInterval = 2s;
+// Status: the uids listed by disk use, and the quarantine entries counted.
+constexpr size_t kStatusUidsMax = 20;
+constexpr size_t kQuarantineCountMax = 100000;
+// Rates are over the last minute, from one sample of the counters a second.
+constexpr auto kRateWindow = 60s;
+
+using nlohmann::json;
+
+int64_t UnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// Entries in `dir` (not . and ..), at most `max`; *exact false if more.
+uint64_t CountEntries(const std::string& dir, size_t max, bool* exact) {
+  *exact = true;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return 0;
+  uint64_t n = 0;
+  while (const dirent* e = ::readdir(d)) {
+    if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
+    if (n == max) {
+      *exact = false;
+      break;
+    }
+    ++n;
+  }
+  ::closedir(d);
+  return n;
+}
+
+json Position(JournalPosition p) { return json::array({p.segment_seq, p.offset}); }
 
 Status MakeDirs(const std::string& path, mode_t mode) {
   std::string partial;
@@ -170,6 +213,14 @@ class Daemon {
   void RememberJournaledIds();
   void Periodic(Clock::time_point now);
   void WriteMetrics();
+  // Refreshes the gauges that are copies (journal bytes, backlog) and
+  // renders the metrics. Any thread.
+  std::string RenderMetrics();
+  // The control socket's side (control thread).
+  json HandleControl(const json& request, const ControlPeer& peer);
+  json StatusReply() const;
+  void SampleRates();
+  void NotifyStatus();
 
   const Config& config_;
   Metrics metrics_;
@@ -185,6 +236,26 @@ class Daemon {
   std::unique_ptr<IoLoop> loop_;
   UniqueFd listen_fd_;
   UniqueFd signal_fd_;
+  std::unique_ptr<ControlServer> control_;
+  std::string io_backend_name_;
+  int64_t started_unix_ms_ = 0;
+  std::atomic<bool> stopping_{false};
+
+  // The ingest thread's usage figures for status, copied at its periodic
+  // work when the lock is free (the ingest thread never waits for it).
+  mutable std::mutex usage_mu_;
+  Ingest::Usage usage_snapshot_;  // guarded by usage_mu_
+
+  // Samples of the counters, one a second (control thread only).
+  struct RateSample {
+    Clock::time_point at;
+    uint64_t received, journaled, published, confirmed;
+  };
+  std::deque<RateSample> rate_samples_;
+  mutable std::mutex rates_mu_;  // rate_samples_ is read by the handler on the same thread,
+                                 // but also by nothing else; the lock keeps it simple to extend
+  Clock::time_point last_notify_{};
+  LogLimiter denied_limiter_;  // the control thread's
 
   Clock::time_point last_periodic_{};
   Clock::time_point last_metrics_{};
@@ -260,6 +331,8 @@ Status Daemon::Start() {
     if (Status s = NewEpollLoop(lo, ingest_.get(), &loop_); !s.ok()) return s;
   }
   ingest_->Attach(loop_.get());
+  io_backend_name_ = why_not_uring.empty() && config_.io_backend != IoBackend::kEpoll ? "io_uring"
+                                                                                     : "epoll";
   if (config_.io_backend == IoBackend::kEpoll) {
     PS_LOG_INFO("ingest backend: epoll (io_backend = epoll in the configuration)");
   } else if (!why_not_uring.empty()) {
@@ -278,6 +351,24 @@ Status Daemon::Start() {
     return s;
   }
   ingest_->set_round_hook([this](Clock::time_point now) { Periodic(now); });
+  started_unix_ms_ = UnixMs();
+  if (!config_.control_socket_path.empty()) {
+    const std::string& cpath = config_.control_socket_path;
+    if (const size_t slash = cpath.rfind('/'); slash != std::string::npos && slash > 0) {
+      if (Status s = MakeDirs(cpath.substr(0, slash), 0755); !s.ok()) return s;
+    }
+    ControlServer::Options co;
+    co.path = config_.control_socket_path;
+    co.connections_max = config_.control_connections_max;
+    co.client_timeout_ms = config_.control_timeout_ms;
+    control_ = std::make_unique<ControlServer>(&metrics_);
+    if (Status s = control_->Start(
+            co, [this](const json& r, const ControlPeer& p) { return HandleControl(r, p); },
+            [this] { SampleRates(); });
+        !s.ok()) {
+      return Status(s.code(), "control socket: " + s.message());
+    }
+  }
   watchdog_usec_ = WatchdogUsec();
   PS_LOG_INFO("listening on %s (mode %o); durability %s; journal %s; spool %s; brokers: %zu",
               config_.socket_path.c_str(), config_.socket_mode,
@@ -293,12 +384,23 @@ Status Daemon::Run() {
   }
   NotifySystemd("STOPPING=1\nSTATUS=publishing what is journaled");
   const bool drained = forwarder_->StopAndDrain(std::chrono::milliseconds(config_.shutdown_drain_ms));
+  if (control_) control_->Stop();
   WriteMetrics();
+  const uint64_t dropped = metrics_.unroutable_dropped_total.load();
   if (drained) {
-    PS_LOG_INFO("stopped: every journaled post was confirmed by the broker");
+    PS_LOG_INFO("stopped: every journaled post was confirmed by the broker%s",
+                dropped > 0 ? " or dropped as unroutable" : "");
   } else {
-    PS_LOG_WARNING("stopped before the broker confirmed every journaled post; they stay in "
-                   "%s and are published at the next start", config_.journal_dir.c_str());
+    bool exact = true;
+    const uint64_t left = forwarder_->unconfirmed_at_stop(&exact);
+    PS_LOG_WARNING("stopped before the broker confirmed every journaled post: %s%" PRIu64
+                   " stay in %s and are published at the next start",
+                   exact ? "" : "at least ", left, config_.journal_dir.c_str());
+  }
+  if (dropped > 0) {
+    PS_LOG_WARNING("%" PRIu64 " posts were dropped as unroutable since start (no queue bound "
+                   "for their routing keys; unroutable_policy = drop)",
+                   dropped);
   }
   return Status::Ok();
 }
@@ -345,6 +447,7 @@ void Daemon::OnSignal() {
                   "publishing what is journaled for up to %u ms",
                   si.ssi_signo == SIGTERM ? "SIGTERM" : "SIGINT", config_.shutdown_drain_ms);
       ingest_->Stop();
+      stopping_.store(true);
       ::unlink(config_.socket_path.c_str());
     }
   }
@@ -362,12 +465,237 @@ void Daemon::Periodic(Clock::time_point now) {
     last_watchdog_ = now;
     NotifySystemd("WATCHDOG=1");
   }
+  {
+    // Never waits: if the control thread holds the lock, next time.
+    std::unique_lock lock(usage_mu_, std::try_to_lock);
+    if (lock.owns_lock()) {
+      ingest_->GetUsage(kStatusUidsMax, &usage_snapshot_);
+      metrics_.spool_segments_waiting.store(usage_snapshot_.spool_segments_waiting,
+                                            std::memory_order_relaxed);
+    }
+  }
+  if (now - last_notify_ >= kNotifyStatusInterval) {
+    last_notify_ = now;
+    NotifyStatus();
+  }
+}
+
+void Daemon::NotifyStatus() {
+  if (ingest_->stopping()) return;
+  Forwarder::Snapshot f;
+  if (!forwarder_->TrySnapshot(&f)) return;  // the next time
+  char line[256];
+  std::snprintf(line, sizeof line, "STATUS=accepting posts; backlog %s%" PRIu64
+                " posts, %" PRIu64 " journal bytes; broker %s",
+                f.backlog_posts_exact ? "" : ">=", f.backlog_posts,
+                usage_.bytes.load(std::memory_order_relaxed), f.state.c_str());
+  NotifySystemd(line);
+}
+
+std::string Daemon::RenderMetrics() {
+  metrics_.journal_bytes.store(usage_.bytes.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  Forwarder::Snapshot f;
+  // Called on the ingest thread too, which never waits for a lock: if the
+  // forwarder holds it, the backlog gauges keep their last values.
+  if (!forwarder_->TrySnapshot(&f)) return metrics_.RenderPrometheus();
+  metrics_.backlog_posts.store(f.backlog_posts, std::memory_order_relaxed);
+  uint64_t age_s = 0;
+  if (f.oldest_unconfirmed_pub_unix_ns > 0) {
+    const int64_t age_ms = UnixMs() - f.oldest_unconfirmed_pub_unix_ns / 1000000;
+    age_s = age_ms > 0 ? static_cast<uint64_t>(age_ms / 1000) : 0;
+  }
+  metrics_.backlog_oldest_age_seconds.store(age_s, std::memory_order_relaxed);
+  return metrics_.RenderPrometheus();
+}
+
+void Daemon::SampleRates() {
+  RateSample s;
+  s.at = Clock::now();
+  s.received = metrics_.socket_posts_journaled_total.load() + metrics_.spool_posts_journaled_total.load();
+  s.journaled = s.received;
+  s.published = metrics_.published_total.load();
+  s.confirmed = metrics_.confirmed_total.load();
+  std::lock_guard lock(rates_mu_);
+  rate_samples_.push_back(s);
+  while (rate_samples_.size() > 2 && s.at - rate_samples_.front().at > kRateWindow) {
+    rate_samples_.pop_front();
+  }
+}
+
+json Daemon::HandleControl(const json& request, const ControlPeer& peer) {
+  const std::string& what = request["request"].get_ref<const std::string&>();
+  if (what == "status") return StatusReply();
+  if (what == "metrics") return json{{"ok", true}, {"text", RenderMetrics()}};
+  const bool changes = what == "reconnect" || what == "log-level";
+  if (!changes) {
+    metrics_.control_requests_malformed_total.fetch_add(1, std::memory_order_relaxed);
+    return json{{"ok", false},
+                {"error", "unknown request \"" + what +
+                              "\"; known: status, metrics, reconnect, log-level"}};
+  }
+  if (!peer.may_change) {
+    metrics_.control_requests_denied_total.fetch_add(1, std::memory_order_relaxed);
+    uint64_t unlogged = 0;
+    if (denied_limiter_.Allow(LogLimiter::Clock::now(), &unlogged)) {
+      PS_LOG_WARNING("control socket: refused \"%s\" from uid %u (pid %d): only root and the "
+                     "daemon's group may change its state (%" PRIu64 " more refused since the "
+                     "last such line)",
+                     what.c_str(), static_cast<unsigned>(peer.uid), static_cast<int>(peer.pid),
+                     unlogged);
+    }
+    return json{{"ok", false}, {"denied", true},
+                {"error", "permission denied: \"" + what +
+                              "\" changes the daemon's state; only root and members of the "
+                              "daemon's group may"}};
+  }
+  if (what == "reconnect") {
+    PS_LOG_INFO("control socket: reconnect requested by uid %u (pid %d)",
+                static_cast<unsigned>(peer.uid), static_cast<int>(peer.pid));
+    forwarder_->RequestReconnect();
+    return json{{"ok", true}};
+  }
+  const auto level = request.find("level");
+  LogLevel l;
+  if (level == request.end() || !level->is_string() ||
+      !ParseLogLevel(level->get_ref<const std::string&>().c_str(), &l)) {
+    metrics_.control_requests_malformed_total.fetch_add(1, std::memory_order_relaxed);
+    return json{{"ok", false}, {"error", "log-level needs \"level\": error, warning, info or debug"}};
+  }
+  SetLogLevel(l);
+  PS_LOG_INFO("control socket: log level set to %s by uid %u (pid %d)",
+              level->get_ref<const std::string&>().c_str(), static_cast<unsigned>(peer.uid),
+              static_cast<int>(peer.pid));
+  return json{{"ok", true}, {"level", *level}};
+}
+
+json Daemon::StatusReply() const {
+  const Forwarder::Snapshot f = forwarder_->snapshot();
+  const Metrics& m = metrics_;
+  const auto v = [](const Metrics::Counter& c) { return c.load(std::memory_order_relaxed); };
+  const bool stopping = stopping_.load();
+  const int64_t now_ms = UnixMs();
+
+  std::vector<std::string> unhealthy;
+  if (stopping) unhealthy.push_back("the daemon is stopping");
+  if (f.state != "connected") unhealthy.push_back("the broker connection is " + f.state);
+  // Posts in flight and no confirm for a while: a broker that froze, or a
+  // network that black-holes, before the heartbeat notices.
+  if (f.confirm_wait_ms >= static_cast<int64_t>(config_.health_confirm_stall_ms)) {
+    unhealthy.push_back("the broker confirmed nothing for " +
+                        std::to_string(f.confirm_wait_ms / 1000) + " s with " +
+                        std::to_string(f.in_flight) + " posts in flight");
+  }
+
+  json broker = {{"url", f.broker}, {"state", f.state},
+                 {"connect_failures_in_row", f.connect_failures_in_row},
+                 {"reconnect_delay_ms", f.reconnect_delay_ms}};
+  if (f.state == "waiting") broker["next_attempt_in_ms"] = f.next_attempt_in_ms;
+  if (!f.last_error.empty()) {
+    broker["last_error"] = f.last_error;
+    broker["last_error_unix_ms"] = f.last_error_unix_ms;
+    broker["last_error_age_s"] = static_cast<double>(now_ms - f.last_error_unix_ms) / 1000.0;
+  }
+
+  json backlog = {{"posts", f.backlog_posts}, {"posts_exact", f.backlog_posts_exact},
+                  {"journal_bytes", usage_.bytes.load(std::memory_order_relaxed)},
+                  {"in_flight", f.in_flight},
+                  {"confirm_wait_s", static_cast<double>(f.confirm_wait_ms) / 1000.0},
+                  {"watermark", Position(forwarder_->watermark())},
+                  {"committed", Position(commits_.committed())}};
+  if (f.oldest_unconfirmed_pub_unix_ns > 0) {
+    const int64_t age_ms = now_ms - f.oldest_unconfirmed_pub_unix_ns / 1000000;
+    backlog["oldest_unconfirmed_age_s"] = static_cast<double>(std::max<int64_t>(age_ms, 0)) / 1000.0;
+  } else {
+    backlog["oldest_unconfirmed_age_s"] = nullptr;
+  }
+
+  bool quarantine_exact = true;
+  const uint64_t quarantined = CountEntries(config_.quarantine_dir, kQuarantineCountMax, &quarantine_exact);
+  json uids = json::array();
+  size_t uids_total = 0;
+  size_t segments_waiting = 0;
+  {
+    std::lock_guard lock(usage_mu_);
+    for (const auto& [uid, bytes] : usage_snapshot_.uids) uids.push_back({{"uid", uid}, {"bytes", bytes}});
+    uids_total = usage_snapshot_.uids_total;
+    segments_waiting = usage_snapshot_.spool_segments_waiting;
+  }
+  const uint64_t disk = usage_.bytes.load(std::memory_order_relaxed) + v(m.spool_bytes) +
+                        v(m.quarantine_bytes);
+
+  json rates = json::object();
+  {
+    std::lock_guard lock(rates_mu_);
+    if (rate_samples_.size() >= 2) {
+      const RateSample& a = rate_samples_.front();
+      const RateSample& b = rate_samples_.back();
+      const double secs = std::chrono::duration<double>(b.at - a.at).count();
+      rates["window_s"] = secs;
+      rates["received_per_s"] = static_cast<double>(b.received - a.received) / secs;
+      rates["journaled_per_s"] = static_cast<double>(b.journaled - a.journaled) / secs;
+      rates["published_per_s"] = static_cast<double>(b.published - a.published) / secs;
+      rates["confirmed_per_s"] = static_cast<double>(b.confirmed - a.confirmed) / secs;
+    }
+  }
+
+  json posts = {
+      // Accepted and journaled, per transport; a spooled copy of a post that
+      // came through the socket too (its ack was late) is counted once, under
+      // the socket, and under spool_duplicates_dropped.
+      {"received", {{"socket", v(m.socket_posts_journaled_total)},
+                    {"spool", v(m.spool_posts_journaled_total)}}},
+      {"spool_duplicates_dropped", v(m.spool_posts_deduplicated_total)},
+      {"journaled", v(m.socket_posts_journaled_total) + v(m.spool_posts_journaled_total)},
+      {"published", v(m.published_total)},
+      {"confirmed", v(m.confirmed_total)},
+      {"nacked", v(m.nacked_total)},
+      {"returned", v(m.unroutable_total)},
+      {"republished", v(m.republished_total)},
+      {"dropped_unroutable", v(m.unroutable_dropped_total)},
+      {"skipped_damaged", {{"posts_unencodable", v(m.encode_errors_total)},
+                           {"journal_bytes", v(m.journal_bytes_skipped_total)},
+                           {"journal_segments", v(m.journal_segments_damaged_total)},
+                           {"spool_bytes", v(m.spool_bytes_damaged_total)},
+                           {"spool_posts_invalid", v(m.spool_posts_invalid_total)}}},
+      {"refused", {{"full", v(m.requests_refused_full_total)},
+                   {"busy", v(m.requests_refused_busy_total)},
+                   {"malformed", v(m.requests_malformed_total)},
+                   {"invalid", v(m.requests_invalid_total)}}}};
+  if (f.last_unroutable_drop_unix_ms > 0) {
+    posts["last_unroutable_drop_unix_ms"] = f.last_unroutable_drop_unix_ms;
+  }
+
+  return json{
+      {"ok", true},
+      {"healthy", unhealthy.empty()},
+      {"unhealthy_reasons", unhealthy},
+      {"daemon", {{"state", stopping ? "stopping" : "running"},
+                  {"pid", ::getpid()},
+                  {"io_backend", io_backend_name_},
+                  {"durability", DurabilityName(config_.durability)},
+                  {"uptime_s", static_cast<double>(now_ms - started_unix_ms_) / 1000.0},
+                  {"log_level", LogEnabled(LogLevel::kDebug) ? "debug"
+                                : LogEnabled(LogLevel::kInfo) ? "info"
+                                : LogEnabled(LogLevel::kWarning) ? "warning" : "error"}}},
+      {"broker", broker},
+      {"posts", posts},
+      {"backlog", backlog},
+      {"spool", {{"segments_waiting", segments_waiting},
+                 {"bytes", v(m.spool_bytes)},
+                 {"files_quarantined", quarantined},
+                 {"files_quarantined_exact", quarantine_exact},
+                 {"quarantine_bytes", v(m.quarantine_bytes)}}},
+      {"disk", {{"bytes", disk},
+                {"bytes_max", config_.disk_bytes_max},
+                {"per_uid_bytes_max", config_.disk_bytes_per_uid_max},
+                {"uids", uids},
+                {"uids_total", uids_total}}},
+      {"rates", rates}};
 }
 
 void Daemon::WriteMetrics() {
   if (config_.metrics_file.empty()) return;
-  metrics_.journal_bytes.store(usage_.bytes.load(std::memory_order_relaxed), std::memory_order_relaxed);
-  const std::string text = metrics_.RenderPrometheus();
+  const std::string text = RenderMetrics();
   const std::string tmp = config_.metrics_file + ".tmp";
   UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   // Readable by a metrics collector running as another user, whatever the

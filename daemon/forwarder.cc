@@ -35,6 +35,19 @@ constexpr int kJournalReadAttempts = 5;
 constexpr auto kJournalRetryDelay = milliseconds(100);
 // The longest poll() when nothing else is due.
 constexpr auto kIdleWake = std::chrono::seconds(1);
+// Backlog counting: records counted per round of the thread, and how often
+// the post at the watermark is read again for its age.
+constexpr int kCountBatch = 4096;
+constexpr auto kPeekInterval = milliseconds(500);
+// A connect failure that repeats the last one is logged at most this often.
+constexpr auto kConnectErrorLogInterval = std::chrono::seconds(60);
+// How long shutdown spends counting what is left unconfirmed.
+constexpr auto kStopCountBudget = milliseconds(1000);
+
+int64_t UnixMsNow() {
+  return std::chrono::duration_cast<milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch()).count();
+}
 
 uint64_t RandomSeed() {
   uint64_t seed = 0;
@@ -81,6 +94,7 @@ Forwarder::Forwarder(const Config& config, int journal_dirfd, CommitChannel* com
       seed_(RandomSeed()),
       wake_fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
       reader_(journal_dirfd),
+      count_reader_(journal_dirfd),
       retry_reader_(journal_dirfd),
       connect_backoff_(config.reconnect_delay_initial_ms, config.reconnect_delay_max_ms, seed_) {
   for (const std::string& url : config_.post_broker) {
@@ -126,6 +140,17 @@ Status Forwarder::Start() {
   window_options.seed = seed_ ^ 0x9e3779b97f4a7c15ull;
   window_ = std::make_unique<PublishWindow>(window_options, start);
   reader_.Seek(start);
+  count_reader_.Seek(start);
+  counted_ = 0;
+  count_caught_up_ = false;
+  oldest_pub_ns_ = 0;
+  peeked_at_ = JournalPosition{};
+  peeked_limit_ = JournalPosition{};
+  next_peek_ = Clock::time_point{};
+  conn_state_ = "connecting";
+  unconfirmed_at_stop_ = 0;
+  unconfirmed_at_stop_exact_ = true;
+  UpdateSnapshot();
   // Created here once (a failure on a full disk is not fatal: see the class
   // comment); after that every store is in place.
   checkpoint_.reset();
@@ -199,6 +224,7 @@ void Forwarder::set_journal_source_factory(const JournalReader::SourceFactory& f
   assert(!thread_.joinable());
   reader_.set_source_factory(factory);
   retry_reader_.set_source_factory(factory);
+  count_reader_.set_source_factory(factory);
 }
 
 JournalPosition Forwarder::watermark() const {
@@ -273,12 +299,7 @@ void Forwarder::Run() {
         std::lock_guard lock(control_mu_);
         deadline = drain_deadline_;
       }
-      if (now >= deadline) {
-        PS_LOG_WARNING("forwarder: drain deadline passed with %zu posts unconfirmed after "
-                       "journal position %s; they stay in the journal for the next start",
-                       window_->size(), FormatPosition(window_->watermark()).c_str());
-        break;
-      }
+      if (now >= deadline) break;  // counted and logged below
     }
     bool busy = false;
     if (!session_) {
@@ -290,12 +311,49 @@ void Forwarder::Run() {
       busy = Pump(now);
     }
     MaybeCheckpoint(Clock::now(), false);
-    Wait(Clock::now(), busy);
+    if (reconnect_requested_.exchange(false) && !session_) {
+      PS_LOG_INFO("forwarder: reconnect requested through the control socket; connecting to %s "
+                  "now", brokers_[broker_index_].display.c_str());
+      connect_backoff_.Reset();
+      reconnect_at_ = Clock::time_point{};
+      busy = true;
+    }
+    const bool counting = CountBacklog();
+    PeekOldest(Clock::now());
+    UpdateSnapshot();
+    Wait(Clock::now(), busy || counting);
+  }
+  if (mode_.load() == Mode::kDrain && !drained_.load()) {
+    // Every journaled post not confirmed, not only those in flight: the
+    // whole rest of the journal up to what was committed.
+    JournalPosition target;
+    {
+      std::lock_guard lock(control_mu_);
+      target = drain_target_;
+    }
+    target = std::max(target, commits_->committed());
+    bool complete = true;
+    unconfirmed_at_stop_ = CountRecords(window_->watermark(), target,
+                                        Clock::now() + kStopCountBudget, &complete);
+    unconfirmed_at_stop_exact_ = complete;
+    PS_LOG_WARNING("forwarder: drain deadline passed with %s%" PRIu64
+                   " journaled posts unconfirmed after journal position %s; they stay in the "
+                   "journal and are published at the next start",
+                   complete ? "" : "at least ", unconfirmed_at_stop_,
+                   FormatPosition(window_->watermark()).c_str());
+  }
+  if (drops_unlogged_ > 0) {
+    PS_LOG_WARNING("forwarder: dropped %" PRIu64 " more unroutable posts (%" PRIu64
+                   " since start)",
+                   drops_unlogged_, metrics_->unroutable_dropped_total.load());
+    drops_unlogged_ = 0;
   }
   CloseSession(/*polite=*/drained_.load());
   metrics_->broker_connected.store(0, std::memory_order_relaxed);
   metrics_->publish_in_flight.store(0, std::memory_order_relaxed);
   MaybeCheckpoint(Clock::now(), true);
+  conn_state_ = "stopped";
+  UpdateSnapshot();
   PS_LOG_INFO("forwarder: stopped at journal position %s%s",
               FormatPosition(window_->watermark()).c_str(),
               drained_.load() ? " (everything committed is confirmed)" : "");
@@ -332,10 +390,24 @@ void Forwarder::Connect(Clock::time_point now) {
     const bool config_error =
         s.code() == StatusCode::kNotFound || s.code() == StatusCode::kInvalidArgument ||
         s.code() == StatusCode::kPermissionDenied;
-    Log(config_error ? LogLevel::kError : LogLevel::kWarning,
-        "forwarder: cannot use broker %s: %s; trying %s in %s", failed.c_str(),
-        s.message().c_str(), brokers_[broker_index_].display.c_str(),
-        FormatSeconds(delay).c_str());
+    ++connect_failures_in_row_;
+    const std::string error = failed + ": " + s.message();
+    SetConnectionState("waiting", &error);
+    // One line per change of state: the same failure again is logged at
+    // most every kConnectErrorLogInterval, with the attempts in between.
+    if (error != last_connect_error_ || now >= next_connect_error_log_) {
+      Log(config_error ? LogLevel::kError : LogLevel::kWarning,
+          "forwarder: cannot use broker %s: %s; trying %s in %s (%u failed attempts in a row"
+          "%s)",
+          failed.c_str(), s.message().c_str(), brokers_[broker_index_].display.c_str(),
+          FormatSeconds(delay).c_str(), connect_failures_in_row_,
+          connect_errors_unlogged_ > 0 ? ", the same failures in between not logged" : "");
+      last_connect_error_ = error;
+      next_connect_error_log_ = now + kConnectErrorLogInterval;
+      connect_errors_unlogged_ = 0;
+    } else {
+      ++connect_errors_unlogged_;
+    }
     return;
   }
   {
@@ -351,6 +423,10 @@ void Forwarder::Connect(Clock::time_point now) {
   blocked_ = false;
   connected_at_ = now;
   confirms_this_connection_ = 0;
+  connect_failures_in_row_ = 0;
+  last_connect_error_.clear();
+  connect_errors_unlogged_ = 0;
+  SetConnectionState("connected", nullptr);
   // Everything after the watermark is published (again): the window was
   // reset when the last connection ended.
   assert(window_->size() == 0 && window_->in_flight() == 0);
@@ -366,6 +442,7 @@ void Forwarder::ScheduleReconnect(Clock::time_point now) {
   const milliseconds delay = connect_backoff_.Next();
   broker_index_ = (broker_index_ + 1) % brokers_.size();
   reconnect_at_ = now + delay;
+  reconnect_delay_ms_ = static_cast<uint64_t>(delay.count());
 }
 
 void Forwarder::CloseSession(bool polite) {
@@ -393,6 +470,8 @@ void Forwarder::LoseConnection(const Status& why, Clock::time_point now) {
   blocked_ = false;
   ScheduleReconnect(now);
   const milliseconds delay = std::chrono::duration_cast<milliseconds>(reconnect_at_ - now);
+  const std::string error = lost + ": " + why.message();
+  SetConnectionState("waiting", &error);
   PS_LOG_WARNING("forwarder: lost the connection to %s: %s; %zu unconfirmed posts will be "
                  "published again; connecting to %s in %s",
                  lost.c_str(), why.message().c_str(), unconfirmed,
@@ -765,6 +844,22 @@ void Forwarder::OnAck(uint64_t delivery_tag, bool multiple) {
   Add(metrics_->confirmed_total, r.confirmed);
   Add(metrics_->unroutable_dropped_total, r.dropped);
   confirms_this_connection_ += r.confirmed;
+  if (r.confirmed > 0 || r.dropped > 0) last_progress_ = Clock::now();
+  if (r.dropped > 0) {
+    // Logged here, when they are dropped (at their ack), with exact counts.
+    drops_unlogged_ += r.dropped;
+    last_drop_unix_ms_ = UnixMsNow();
+    const Clock::time_point now = Clock::now();
+    if (now >= next_drop_log_) {
+      PS_LOG_WARNING("forwarder: dropped %" PRIu64 " unroutable posts (%" PRIu64
+                     " since start): broker %s returned them, no queue is bound to exchange "
+                     "'%s' for their routing keys, and unroutable_policy = drop",
+                     drops_unlogged_, metrics_->unroutable_dropped_total.load(),
+                     brokers_[broker_index_].display.c_str(), exchange_.c_str());
+      drops_unlogged_ = 0;
+      next_drop_log_ = now + kMessageLogInterval;
+    }
+  }
   if (r.unknown > 0) {
     PS_LOG_WARNING("forwarder: broker %s acked delivery tag %" PRIu64
                    "%s, which is not awaiting a confirm; ignored",
@@ -801,10 +896,12 @@ void Forwarder::OnReturn(std::string_view message_id, int reply_code,
     return;
   }
   metrics_->unroutable_total.fetch_add(1, std::memory_order_relaxed);
+  // Under the drop policy the drop is logged at the ack (OnAck), counted.
+  const bool drop = config_.unroutable_policy == UnroutablePolicy::kDrop;
+  if (drop) return;
   ++returns_unlogged_;
   const Clock::time_point now = Clock::now();
   if (now >= next_return_log_) {
-    const bool drop = config_.unroutable_policy == UnroutablePolicy::kDrop;
     PS_LOG_WARNING("forwarder: broker %s returned %" PRIu64
                    " posts as unroutable (%d %.*s): no queue is bound to exchange '%s' for "
                    "their routing keys; unroutable_policy = %s: %s",
@@ -821,6 +918,7 @@ void Forwarder::OnBlocked(std::string_view reason) {
   if (blocked_) return;
   blocked_ = true;
   metrics_->broker_blocked_total.fetch_add(1, std::memory_order_relaxed);
+  SetConnectionState("blocked", nullptr);
   PS_LOG_WARNING("forwarder: broker %s blocked publishing (%.*s); waiting until it unblocks "
                  "(confirms are still processed; posts stay in the journal)",
                  brokers_[broker_index_].display.c_str(), static_cast<int>(reason.size()),
@@ -830,8 +928,135 @@ void Forwarder::OnBlocked(std::string_view reason) {
 void Forwarder::OnUnblocked() {
   if (!blocked_) return;
   blocked_ = false;
+  SetConnectionState("connected", nullptr);
   PS_LOG_INFO("forwarder: broker %s unblocked publishing; resuming",
               brokers_[broker_index_].display.c_str());
+}
+
+// ---------------------------------------------------------------------------
+// Status
+
+void Forwarder::SetConnectionState(const char* state, const std::string* error) {
+  conn_state_ = state;
+  if (error != nullptr) {
+    last_error_ = *error;
+    last_error_unix_ms_ = UnixMsNow();
+  }
+  UpdateSnapshot();
+}
+
+bool Forwarder::CountBacklog() {
+  // Behind the watermark (publishing outran counting): the records before
+  // it are the done ones, the segments there may be deleted already.
+  if (count_reader_.position() < window_->watermark()) {
+    count_reader_.Seek(window_->watermark());
+    counted_ = window_->done_total();
+  }
+  const JournalPosition limit = commits_->committed();
+  for (int i = 0; i < kCountBatch; ++i) {
+    JournalReader::Entry entry;
+    bool got = false;
+    if (Status s = count_reader_.Next(limit, &entry, &got); !s.ok()) {
+      // Only counting: the main reader decides about damage and reports it.
+      count_reader_.SkipSegment();
+      continue;
+    }
+    if (!got) {
+      count_caught_up_ = true;
+      return false;
+    }
+    ++counted_;
+  }
+  count_caught_up_ = false;
+  return true;
+}
+
+void Forwarder::PeekOldest(Clock::time_point now) {
+  const JournalPosition at = window_->watermark();
+  const JournalPosition limit = commits_->committed();
+  if (now < next_peek_ || (at == peeked_at_ && (oldest_pub_ns_ != 0 || limit == peeked_limit_))) {
+    return;
+  }
+  next_peek_ = now + kPeekInterval;
+  peeked_at_ = at;
+  peeked_limit_ = limit;
+  oldest_pub_ns_ = 0;
+  retry_reader_.Seek(at);
+  JournalReader::Entry entry;
+  bool got = false;
+  if (Status s = retry_reader_.Next(limit, &entry, &got); s.ok() && got) {
+    oldest_pub_ns_ = PostFromPayload(entry.payload).pub_time_ns();
+  }
+}
+
+void Forwarder::UpdateSnapshot() {
+  Snapshot s;
+  s.broker = brokers_.empty() ? std::string() : brokers_[broker_index_].display;
+  s.state = conn_state_;
+  s.last_error = last_error_;
+  s.last_error_unix_ms = last_error_unix_ms_;
+  if (!session_ && conn_state_ == "waiting") {
+    const auto left = std::chrono::duration_cast<milliseconds>(reconnect_at_ - Clock::now());
+    s.next_attempt_in_ms = std::max<int64_t>(0, left.count());
+  }
+  s.reconnect_delay_ms = reconnect_delay_ms_;
+  s.connect_failures_in_row = connect_failures_in_row_;
+  const uint64_t done = window_ ? window_->done_total() : 0;
+  s.backlog_posts = counted_ > done ? counted_ - done : 0;
+  s.backlog_posts_exact = count_caught_up_ && count_reader_.position() >= commits_->committed();
+  // Everything committed is confirmed: nothing is old, whatever the last
+  // peek (at most kPeekInterval ago) read.
+  const bool empty = window_ && window_->watermark() >= commits_->committed();
+  s.oldest_unconfirmed_pub_unix_ns = empty ? 0 : oldest_pub_ns_;
+  s.in_flight = window_ ? window_->in_flight() : 0;
+  if (s.in_flight == 0) {
+    last_progress_ = Clock::time_point{};
+  } else {
+    // The first look with posts in flight starts the clock.
+    if (last_progress_ == Clock::time_point{}) last_progress_ = Clock::now();
+    s.confirm_wait_ms = std::chrono::duration_cast<milliseconds>(Clock::now() - last_progress_).count();
+  }
+  s.last_unroutable_drop_unix_ms = last_drop_unix_ms_;
+  std::lock_guard lock(snapshot_mu_);
+  snapshot_ = std::move(s);
+}
+
+Forwarder::Snapshot Forwarder::snapshot() const {
+  std::lock_guard lock(snapshot_mu_);
+  return snapshot_;
+}
+
+bool Forwarder::TrySnapshot(Snapshot* out) const {
+  std::unique_lock lock(snapshot_mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
+  *out = snapshot_;
+  return true;
+}
+
+void Forwarder::RequestReconnect() {
+  reconnect_requested_.store(true);
+  Wake();
+}
+
+uint64_t Forwarder::CountRecords(JournalPosition from, JournalPosition limit,
+                                 Clock::time_point deadline, bool* complete) {
+  retry_reader_.Seek(from);
+  uint64_t n = 0;
+  *complete = false;
+  for (;;) {
+    if ((n & 1023) == 0 && Clock::now() >= deadline) return n;
+    JournalReader::Entry entry;
+    bool got = false;
+    if (Status s = retry_reader_.Next(limit, &entry, &got); !s.ok()) {
+      retry_reader_.SkipSegment();
+      if (retry_reader_.position() >= limit) break;
+      continue;
+    }
+    if (!got) break;
+    ++n;
+  }
+  *complete = true;
+  return n;
 }
 
 }  // namespace postspool::daemon

@@ -67,6 +67,15 @@
 // Metrics: published_total counts every basic.publish, republications
 // (republished_total) included; confirmed_total counts posts acked as routed.
 //
+// Status (Snapshot, for the control socket): the broker connection's state
+// and last error, and the backlog. The backlog count is kept by a third
+// journal reader that counts records ahead of the watermark, a bounded
+// number per round (kCountBatch), so that a backlog left by the last run is
+// counted without a long pause; until it has reached the committed end the
+// count is a lower bound (backlog_posts_exact false). The age of the oldest
+// unconfirmed post is the publish time stamped in the post at the watermark
+// (read again at most every kPeekInterval).
+//
 // Known limit: rabbitmq-c 0.11 writes with no deadline, so a publish blocks
 // while the broker does not read its socket (TCP backpressure) and heartbeats
 // are not checked meanwhile. connection.blocked normally stops publishing
@@ -128,6 +137,41 @@ class Forwarder final : private AmqpSession::Handler {
   // The acked watermark (possibly not stored yet). Thread-safe.
   JournalPosition watermark() const;
 
+  // What `postspool status` shows of the forwarder. Thread-safe.
+  struct Snapshot {
+    std::string broker;           // the URL in use or next, without its password
+    std::string state = "stopped";  // connecting, connected, blocked, waiting (back-off), stopped
+    std::string last_error;       // empty if none since start
+    int64_t last_error_unix_ms = 0;
+    int64_t next_attempt_in_ms = 0;  // state waiting: when the next connect is tried
+    uint64_t reconnect_delay_ms = 0;   // the back-off delay last chosen
+    uint32_t connect_failures_in_row = 0;
+    uint64_t backlog_posts = 0;        // journaled and not confirmed (nor dropped)
+    bool backlog_posts_exact = false;  // false: still counting, a lower bound
+    int64_t oldest_unconfirmed_pub_unix_ns = 0;  // 0: no backlog (or not read yet)
+    uint64_t in_flight = 0;
+    // With posts in flight: how long since the broker last confirmed
+    // anything (or since they were published, if later); 0 with none.
+    int64_t confirm_wait_ms = 0;
+    int64_t last_unroutable_drop_unix_ms = 0;
+  };
+  Snapshot snapshot() const;
+  // The same without waiting: false (and *out untouched) if the forwarder
+  // holds the lock right now. For the ingest thread, which never waits.
+  bool TrySnapshot(Snapshot* out) const;
+
+  // Ends the back-off wait: the next connect is tried at once (no effect
+  // while connected). Thread-safe.
+  void RequestReconnect();
+
+  // After StopAndDrain: the journaled posts still unconfirmed (counted from
+  // the watermark to the committed end; `*exact` false if the count ran out
+  // of its time budget, then it is a lower bound).
+  uint64_t unconfirmed_at_stop(bool* exact) const {
+    *exact = unconfirmed_at_stop_exact_;
+    return unconfirmed_at_stop_;
+  }
+
   // The seeds of the random delays (for tests that want to print them).
   uint64_t backoff_seed() const { return seed_; }
 
@@ -166,6 +210,14 @@ class Forwarder final : private AmqpSession::Handler {
   void MaybeCheckpoint(Clock::time_point now, bool force);
   void PublishWatermark();
   bool Drained() const;
+  // Backlog counting (see the class comment); true if more is left to count.
+  bool CountBacklog();
+  void PeekOldest(Clock::time_point now);
+  void UpdateSnapshot();
+  void SetConnectionState(const char* state, const std::string* error);
+  // Counts the records in [from, limit) with retry_reader_, until `deadline`.
+  uint64_t CountRecords(JournalPosition from, JournalPosition limit, Clock::time_point deadline,
+                        bool* complete);
   // Draining while disconnected: finds out whether anything committed is
   // left to publish at all (if not, the drain is complete).
   void ProbeDrain();
@@ -207,8 +259,33 @@ class Forwarder final : private AmqpSession::Handler {
   mutable std::mutex watermark_mu_;
   JournalPosition watermark_;  // guarded by watermark_mu_
 
+  mutable std::mutex snapshot_mu_;
+  Snapshot snapshot_;                 // guarded by snapshot_mu_
+  std::atomic<bool> reconnect_requested_{false};
+  uint64_t unconfirmed_at_stop_ = 0;  // written by the thread before it exits
+  bool unconfirmed_at_stop_exact_ = true;
+
   // The forwarder thread's own.
   JournalReader reader_;
+  JournalReader count_reader_;  // counts the backlog ahead of the watermark
+  uint64_t counted_ = 0;        // records from the start position to count_reader_
+  bool count_caught_up_ = false;
+  int64_t oldest_pub_ns_ = 0;
+  JournalPosition peeked_at_;
+  JournalPosition peeked_limit_;
+  Clock::time_point next_peek_;
+  std::string conn_state_ = "connecting";
+  std::string last_error_;
+  int64_t last_error_unix_ms_ = 0;
+  uint64_t reconnect_delay_ms_ = 0;
+  uint32_t connect_failures_in_row_ = 0;
+  std::string last_connect_error_;
+  Clock::time_point next_connect_error_log_;
+  uint64_t connect_errors_unlogged_ = 0;
+  uint64_t drops_unlogged_ = 0;
+  Clock::time_point next_drop_log_;
+  int64_t last_drop_unix_ms_ = 0;
+  Clock::time_point last_progress_;  // last confirm, or the first publish after none in flight
   JournalReader retry_reader_;  // re-reads records to publish them again
   std::unique_ptr<PublishWindow> window_;
   Backoff connect_backoff_;

@@ -1,5 +1,7 @@
 #include "ingest.h"
 
+#include <algorithm>
+
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
@@ -91,6 +93,26 @@ uint64_t Ingest::UidBytes(uid_t uid) const {
     if (auto it = b->bytes_of.find(uid); it != b->bytes_of.end()) n += it->second;
   }
   return n;
+}
+
+void Ingest::GetUsage(size_t uids_max, Usage* out) const {
+  out->uids.clear();
+  std::vector<uid_t> uids;
+  for (const auto& [uid, bytes] : journal_bytes_of_) uids.push_back(uid);
+  for (const auto& [uid, bytes] : adopter_.spool_bytes_by_uid()) uids.push_back(uid);
+  for (const Batch* b : {&filling_, &writing_}) {
+    for (const auto& [uid, bytes] : b->bytes_of) uids.push_back(uid);
+  }
+  std::sort(uids.begin(), uids.end());
+  uids.erase(std::unique(uids.begin(), uids.end()), uids.end());
+  for (uid_t uid : uids) {
+    if (const uint64_t bytes = UidBytes(uid); bytes > 0) out->uids.emplace_back(uid, bytes);
+  }
+  out->uids_total = out->uids.size();
+  std::sort(out->uids.begin(), out->uids.end(),
+            [](const auto& a, const auto& b) { return a.second > b.second; });
+  if (out->uids.size() > uids_max) out->uids.resize(uids_max);
+  out->spool_segments_waiting = adopter_.segments_waiting();
 }
 
 // ---------------------------------------------------------------------------

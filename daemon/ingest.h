@@ -77,6 +77,14 @@ class Ingest final : public IoCallbacks {
   // The disk the quota counts (journal + spool + quarantine + batches).
   uint64_t DiskBytes() const;
   uint64_t UidBytes(uid_t uid) const;
+  // For status: the uids using the most disk (at most `uids_max`, largest
+  // first, as UidBytes counts them) and the spool segments not yet adopted.
+  struct Usage {
+    std::vector<std::pair<uid_t, uint64_t>> uids;
+    size_t uids_total = 0;
+    size_t spool_segments_waiting = 0;
+  };
+  void GetUsage(size_t uids_max, Usage* out) const;
 
   // IoCallbacks.
   void OnAccept(int fd, const PeerCred& peer) override;

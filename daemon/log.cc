@@ -1,5 +1,6 @@
 #include "log.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -24,8 +25,22 @@ const char* LevelName(LogLevel level) {
   return "?";
 }
 
+// systemd sets JOURNAL_STREAM to "<dev>:<inode>" of the stream it connected
+// stderr to; only when stderr is still that stream (not redirected by a
+// wrapper or a test) do the lines go to the journal with "<N>" prefixes.
+bool StderrIsJournal() {
+  const char* env = std::getenv("JOURNAL_STREAM");
+  if (env == nullptr) return false;
+  unsigned long long dev = 0, ino = 0;
+  if (std::sscanf(env, "%llu:%llu", &dev, &ino) != 2) return false;
+  struct stat st;
+  if (::fstat(STDERR_FILENO, &st) != 0) return false;
+  return static_cast<unsigned long long>(st.st_dev) == dev &&
+         static_cast<unsigned long long>(st.st_ino) == ino;
+}
+
 bool ToJournal() {
-  static const bool journal = std::getenv("JOURNAL_STREAM") != nullptr;
+  static const bool journal = StderrIsJournal();
   return journal;
 }
 

@@ -1,5 +1,6 @@
 // Logging for postspoold: one line per event on stderr, with a syslog
-// priority prefix ("<3>") when stderr is the systemd journal, a UTC
+// priority prefix ("<3>") when stderr is the systemd journal (JOURNAL_STREAM
+// names stderr's device and inode), a UTC
 // timestamp otherwise. Lines say what is wrong and what is done about it.
 #pragma once
 

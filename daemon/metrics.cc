@@ -58,6 +58,14 @@ std::string Metrics::RenderPrometheus() const {
   PS_COUNTER(broker_blocked_total);
   PS_GAUGE(broker_connected);
   PS_GAUGE(publish_in_flight);
+  PS_GAUGE(backlog_posts);
+  PS_GAUGE(backlog_oldest_age_seconds);
+  PS_GAUGE(spool_segments_waiting);
+  PS_COUNTER(control_connections_total);
+  PS_COUNTER(control_connections_refused_total);
+  PS_COUNTER(control_requests_total);
+  PS_COUNTER(control_requests_malformed_total);
+  PS_COUNTER(control_requests_denied_total);
 #undef PS_COUNTER
 #undef PS_GAUGE
   return out;

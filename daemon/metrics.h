@@ -60,6 +60,17 @@ struct Metrics {
   Counter broker_blocked_total{0};
   std::atomic<uint64_t> broker_connected{0};  // gauge, 0/1
   std::atomic<uint64_t> publish_in_flight{0}; // gauge
+  // Backlog (gauges, from the forwarder's count): journaled posts not yet
+  // confirmed, and the age of the oldest of them.
+  std::atomic<uint64_t> backlog_posts{0};
+  std::atomic<uint64_t> backlog_oldest_age_seconds{0};
+  std::atomic<uint64_t> spool_segments_waiting{0};  // gauge: not adopted yet
+  // Control socket.
+  Counter control_connections_total{0};
+  Counter control_connections_refused_total{0};  // above control_connections_max
+  Counter control_requests_total{0};
+  Counter control_requests_malformed_total{0};   // not JSON, too long, unknown request
+  Counter control_requests_denied_total{0};      // a state change by a user who may not
 
   std::string RenderPrometheus() const;
 };

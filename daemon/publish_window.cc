@@ -196,6 +196,7 @@ void PublishWindow::Advance() {
     watermark_ = entries_.front().next;
     entries_.pop_front();
     ++base_handle_;
+    ++done_total_;
   }
 }
 

@@ -129,6 +129,10 @@ class PublishWindow {
   size_t returned() const { return returned_; }
   uint64_t next_tag() const { return first_tag_ + tags_.size(); }
   uint32_t window_max() const { return options_.window_max; }
+  // Records the watermark moved past since construction (done entries
+  // popped; Reset() forgets entries without counting them, as they are read
+  // and counted again). For the backlog count (forwarder.h).
+  uint64_t done_total() const { return done_total_; }
 
  private:
   enum class State : uint8_t { kInFlight, kWaiting, kDone };
@@ -162,6 +166,7 @@ class PublishWindow {
   // or kNoEntry once that tag is confirmed. The front is never kNoEntry.
   std::deque<uint64_t> tags_;
   uint64_t first_tag_ = 1;
+  uint64_t done_total_ = 0;
   size_t in_flight_ = 0;
   size_t waiting_ = 0;
   size_t returned_ = 0;

@@ -366,4 +366,10 @@ void SpoolAdopter::Restart() {
   waiting_[uid].push_front(Waiting{name, clock_->Now() + kSettle, 0});
 }
 
+size_t SpoolAdopter::segments_waiting() const {
+  size_t n = current_ ? 1 : 0;
+  for (const auto& [uid, q] : waiting_) n += q.size();
+  return n;
+}
+
 }  // namespace postspool::daemon

@@ -82,6 +82,9 @@ class SpoolAdopter {
   // last complete scan.
   uint64_t spool_bytes() const { return spool_bytes_; }
   uint64_t spool_bytes_of(uid_t uid) const;
+  const std::unordered_map<uid_t, uint64_t>& spool_bytes_by_uid() const { return bytes_of_; }
+  // Segments known and not yet adopted (waiting, and the one being read).
+  size_t segments_waiting() const;
   // Asked before a uid's segment is adopted: false if that uid is above its
   // share of the disk (its segments wait).
   void set_uid_admission(std::function<bool(uid_t)> f) { uid_admitted_ = std::move(f); }

@@ -12,7 +12,7 @@ packages=(
   scdoc
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
-  # the postspool tool: JSON in and out
+  # the postspool tool and the daemon's control socket: JSON in and out
   nlohmann-json3-dev
   # fuzzing: clang with libFuzzer and the sanitizer runtimes
   clang-14 libclang-rt-14-dev
@@ -20,6 +20,8 @@ packages=(
   rabbitmq-server amqp-tools
   # the packaging test (tests/packaging): build, check and install the packages
   debhelper lintian rpm fakeroot
+  # the metrics test parses the Prometheus text format with its reference parser
+  python3-prometheus-client
 )
 
 missing=()

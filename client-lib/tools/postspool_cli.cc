@@ -27,6 +27,7 @@
 #include "exit_codes.h"
 #include "post_fields.h"
 #include "postspool.h"
+#include "control_commands.h"
 #include "segment_commands.h"
 
 namespace postspool::cli {
@@ -87,8 +88,8 @@ constexpr char kPostUsage[] =
     "bad input (a line that is not a post, a post refused for what it says).\n";
 
 // The subcommands. A command that is not here is a usage error. The control
-// commands (status, drain, metrics) take the same signature: adding one is
-// one line, {"status", RunControlCommand, "[--json]", "the daemon's state"}.
+// commands (status, drain, metrics, reconnect, log-level) are in
+// control_commands.h.
 struct Command {
   const char* name;
   int (*run)(std::string_view name, int argc, char** argv);
@@ -102,6 +103,11 @@ constexpr Command kCommands[] = {
     {"post", RunPost, "--rel-path PATH | --file PATH | --json", "post file changes"},
     {"inspect", RunInspect, "[--table] FILE", "show a segment's records"},
     {"verify", RunVerify, "[--repair] DIR|FILE", "check segments, like fsck"},
+    {"status", RunControlCommand, "[--json]", "the daemon's state; exit 0 if healthy"},
+    {"drain", RunControlCommand, "[--timeout DURATION]", "wait until the backlog is confirmed"},
+    {"metrics", RunControlCommand, "", "the daemon's metrics (Prometheus text)"},
+    {"reconnect", RunControlCommand, "", "connect to the broker now (root, daemon group)"},
+    {"log-level", RunControlCommand, "LEVEL", "set the daemon's log level (root, daemon group)"},
 };
 
 void PrintUsage(FILE* out) {

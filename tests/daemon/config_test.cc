@@ -158,6 +158,27 @@ TEST(CheckConfig, RelativePathsFail) {
   EXPECT_TRUE(CheckConfig(c).ok());
 }
 
+TEST(CheckConfig, TheControlSocketMustBeAbsoluteShortAndNotThePostSocket) {
+  Config c = CheckableDefaults();
+  ASSERT_TRUE(ParseConfig("control_socket_path = run/control.sock\n"
+                          "control_connections_max = 4\ncontrol_timeout_ms = 500\n"
+                          "health_confirm_stall_ms = 1000",
+                          "t", &c)
+                  .ok());
+  EXPECT_EQ(c.control_connections_max, 4u);
+  EXPECT_EQ(c.control_timeout_ms, 500u);
+  EXPECT_EQ(c.health_confirm_stall_ms, 1000u);
+  ExpectCheckFailsNaming(c, "control_socket_path");
+  c.control_socket_path = "/" + std::string(107, 'c');
+  ExpectCheckFailsNaming(c, "control_socket_path");
+  c.control_socket_path = c.socket_path;
+  ExpectCheckFailsNaming(c, "control_socket_path");
+  c.control_socket_path.clear();  // off
+  EXPECT_TRUE(CheckConfig(c).ok()) << CheckConfig(c).ToString();
+  EXPECT_FALSE(ParseConfig("control_connections_max = 0", "t", &c).ok());
+  EXPECT_FALSE(ParseConfig("control_timeout_ms = 0", "t", &c).ok());
+}
+
 TEST(CheckConfig, ABrokerUrlThatDoesNotParseFailsWithoutShowingItsPassword) {
   for (const char* url : {"http://u:secret@host/", "amqp://u:secret@host:notaport/"}) {
     Config c = CheckableDefaults();

@@ -39,6 +39,7 @@ void DaemonProcess::Reconfigure(Options options) {
 void DaemonProcess::WriteConfig() const {
   std::ofstream conf(root_ + "/postspoold.conf");
   conf << "socket_path = " << socket_path() << "\n"
+       << "control_socket_path = " << control_socket_path() << "\n"
        << "spool_dir = " << spool_dir() << "\n"
        << "quarantine_dir = " << quarantine_dir() << "\n"
        << "journal_dir = " << journal_dir() << "\n"

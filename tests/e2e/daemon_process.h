@@ -43,6 +43,7 @@ class DaemonProcess {
 
   const std::string& root() const { return root_; }
   std::string socket_path() const { return root_ + "/run/postspoold.sock"; }
+  std::string control_socket_path() const { return root_ + "/run/control.sock"; }
   std::string spool_dir() const { return root_ + "/spool/incoming"; }
   std::string quarantine_dir() const { return root_ + "/spool/quarantine"; }
   std::string journal_dir() const { return root_ + "/journal"; }
