@@ -84,6 +84,19 @@ inline ToolRun RunTool(const std::string& dir, std::vector<std::string> args,
   return r;
 }
 
+// The names in a directory, without . and .. (in no particular order).
+inline std::vector<std::string> ListNames(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      if (name != "." && name != "..") names.push_back(name);
+    }
+    ::closedir(d);
+  }
+  return names;
+}
+
 // A fresh directory under $TMPDIR (or /tmp), removed with its files at the end.
 class TempDir {
  public:
@@ -101,17 +114,7 @@ class TempDir {
   const std::string& path() const { return path_; }
   int fd() const { return fd_.get(); }
   std::string File(const std::string& name) const { return path_ + "/" + name; }
-  std::vector<std::string> List() const {
-    std::vector<std::string> names;
-    if (DIR* d = ::opendir(path_.c_str())) {
-      while (dirent* e = ::readdir(d)) {
-        const std::string name = e->d_name;
-        if (name != "." && name != "..") names.push_back(name);
-      }
-      ::closedir(d);
-    }
-    return names;
-  }
+  std::vector<std::string> List() const { return ListNames(path_); }
 
  private:
   std::string path_;

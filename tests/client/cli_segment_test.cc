@@ -42,14 +42,7 @@ std::vector<std::string> Lines(const std::string& text) {
 }
 
 std::vector<std::string> ListDir(const std::string& path) {
-  std::vector<std::string> names;
-  if (DIR* d = ::opendir(path.c_str())) {
-    while (dirent* e = ::readdir(d)) {
-      const std::string name = e->d_name;
-      if (name != "." && name != "..") names.push_back(name);
-    }
-    ::closedir(d);
-  }
+  std::vector<std::string> names = ListNames(path);
   std::sort(names.begin(), names.end());
   return names;
 }

@@ -66,11 +66,9 @@ void SimJournal::CloseFd() {
   fd_ = -1;
 }
 
+// Reserve's synchronous path: the task run at once.
 Status SimJournal::StartSegment() {
-  const uint64_t seq = next_seq_;
-  next_seq_ = seq + 1;  // as JournalWriter::Install
-  made_ = CreateSegmentFile(seq, &made_fd_);
-  made_seq_ = seq;
+  NewSegmentTask()();
   return SegmentDone();
 }
 
