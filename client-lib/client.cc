@@ -180,6 +180,24 @@ int Client::Post(const struct postspool_post* post, postspool_post_result* resul
                       "left (another thread's post held the client, or this one was "
                       "descheduled)";
     } else if (options_.socket_share_pct > 0) {
+      if (options_.use_ring) {
+        RingClient::Result rr = state_->ring.Post(record, &state_->socket, socket_deadline, deadline);
+        if (rr.outcome == RingClient::Outcome::kAppended) {
+          if (result != nullptr) result->transport = POSTSPOOL_TRANSPORT_RING;
+          return POSTSPOOL_OK;
+        }
+        if (rr.outcome == RingClient::Outcome::kNotSynced) {
+          // In the ring, but the daemon (at `synced`) did not journal it in
+          // time: the spool gets a copy, which the daemon drops as a
+          // duplicate if the ring's comes first.
+          spooled = state_->spool.Append(record, deadline);
+          if (spooled.ok()) {
+            if (result != nullptr) result->transport = POSTSPOOL_TRANSPORT_SPOOL;
+            return POSTSPOOL_OK;
+          }
+          return Fail(SpoolErrorCode(spooled), rr.reason + "; spool: " + spooled.message(), rel_path);
+        }
+      }
       DaemonSocket::Result r = state_->socket.Post(record, 1, socket_deadline);
       if (r.accepted) {
         if (result != nullptr) result->transport = POSTSPOOL_TRANSPORT_SOCKET;

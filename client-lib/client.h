@@ -10,6 +10,7 @@
 
 #include "daemon_socket.h"
 #include "options.h"
+#include "ring_client.h"
 #include "postspool.h"
 #include "spool.h"
 
@@ -44,6 +45,7 @@ class Client {
     explicit ProcessState(const ClientOptions& options)
         : socket(options.socket_path), spool(options.spool_dir, options.sync_spool) {}
     DaemonSocket socket;
+    RingClient ring;
     Spool spool;
   };
 

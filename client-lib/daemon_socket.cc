@@ -51,8 +51,18 @@ std::string Milliseconds(Clock::duration d) {
 
 }  // namespace
 
+DaemonSocket::Result DaemonSocket::RequestRing(Deadline deadline, UniqueFd* ring_fd) {
+  return Exchange({}, 0, deadline, ring_fd);
+}
+
 DaemonSocket::Result DaemonSocket::Post(std::span<const std::byte> records,
                                         uint16_t record_count, Deadline deadline) {
+  return Exchange(records, record_count, deadline, nullptr);
+}
+
+DaemonSocket::Result DaemonSocket::Exchange(std::span<const std::byte> records,
+                                            uint16_t record_count, Deadline deadline,
+                                            UniqueFd* ring_fd) {
   const auto now = Clock::now();
   if (now < retry_after_) {
     return Result{false,
@@ -75,7 +85,7 @@ DaemonSocket::Result DaemonSocket::Post(std::span<const std::byte> records,
     std::string reason;
     switch (Send(header, records, deadline, &reason)) {
       case SendOutcome::kSent:
-        return AwaitAck(request_id, record_count, deadline);
+        return AwaitAck(request_id, record_count, deadline, ring_fd);
       case SendOutcome::kStale:
         // A kept connection that the daemon closed (it restarted, say): once
         // more on a new one.
@@ -161,13 +171,31 @@ DaemonSocket::SendOutcome DaemonSocket::Send(std::span<const std::byte> header,
 }
 
 DaemonSocket::Result DaemonSocket::AwaitAck(uint64_t request_id, uint16_t record_count,
-                                            Deadline deadline) {
+                                            Deadline deadline, UniqueFd* ring_fd) {
   const auto sent_at = Clock::now();
   // Room for more than an ack, so that a longer packet shows as one (its
   // real length comes back through MSG_TRUNC).
   alignas(8) std::array<std::byte, 2 * wire::kAckBytes> buf;
   for (;;) {
-    const ssize_t n = ::recv(fd_.get(), buf.data(), buf.size(), MSG_DONTWAIT | MSG_TRUNC);
+    iovec iov{buf.data(), buf.size()};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    const ssize_t n = ::recvmsg(fd_.get(), &msg, MSG_DONTWAIT | MSG_TRUNC | MSG_CMSG_CLOEXEC);
+    UniqueFd passed;
+    if (n >= 0) {
+      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
+            c->cmsg_len >= CMSG_LEN(sizeof(int))) {
+          int fd;
+          std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
+          passed.reset(fd);
+        }
+      }
+    }
     if (n > 0) {
       wire::Ack ack;
       const auto bytes = static_cast<size_t>(n);
@@ -192,10 +220,16 @@ DaemonSocket::Result DaemonSocket::AwaitAck(uint64_t request_id, uint16_t record
             r.malformed = true;
             return r;
           }
+          if (ring_fd != nullptr) {
+            if (!passed.valid()) return Result{false, "the daemon sent no ring descriptor", false};
+            *ring_fd = std::move(passed);
+          }
           back_off_ = Clock::duration{0};
           retry_after_ = Clock::time_point{};
           return Result{true, {}, false};
         case wire::AckStatus::kMalformed: {
+          // A daemon from before rings: the connection is fine for posts.
+          if (ring_fd != nullptr) return Result{false, "the daemon does not hand out rings", false};
           Result r = Fail("daemon refused the request as malformed", false);
           r.malformed = true;
           return r;
@@ -209,6 +243,8 @@ DaemonSocket::Result DaemonSocket::AwaitAck(uint64_t request_id, uint16_t record
           return Fail(wire::AckStatusName(ack.status), false);
         case wire::AckStatus::kShuttingDown:
         case wire::AckStatus::kUnavailable:
+          // No ring for this user: the socket itself is fine.
+          if (ring_fd != nullptr) return Result{false, "the daemon has no ring for this user", false};
           return Fail(wire::AckStatusName(ack.status), true);
       }
       return Fail("unknown acknowledgement status", false);  // DecodeAck rules this out

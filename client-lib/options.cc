@@ -2,7 +2,9 @@
 
 #include <sys/un.h>
 
+#include <algorithm>
 #include <charconv>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
@@ -13,7 +15,8 @@ namespace {
 // The size of struct postspool_options in ABI version 0.1: the smallest a
 // caller may pass. A larger struct_size comes from a newer header; the
 // fields this library does not know are ignored.
-constexpr size_t kOptionsBytesMin = sizeof(postspool_options);
+// Callers built against 0.1 pass the struct without use_ring.
+constexpr size_t kOptionsBytesMin = offsetof(postspool_options, use_ring);
 // Budgets above this are surely a mistake (and would overflow nothing, but
 // make "never hangs" meaningless).
 constexpr uint32_t kBudgetMsMax = 10 * 60 * 1000;
@@ -61,6 +64,7 @@ void InitOptions(postspool_options* o) {
   bool b = false;
   o->sync_spool = ParseBool(::secure_getenv(kEnvSyncSpool), &b) && b ? 1 : 0;
   o->log_stderr = ParseBool(::secure_getenv(kEnvLogStderr), &b) && b ? 1 : 0;
+  o->use_ring = ParseBool(::secure_getenv(kEnvRing), &b) && !b ? 0 : 1;
 }
 
 int CopyOptions(const postspool_options* in, ClientOptions* out, std::string* detail) {
@@ -73,7 +77,7 @@ int CopyOptions(const postspool_options* in, ClientOptions* out, std::string* de
                 std::to_string(kOptionsBytesMin) + ": initialise with postspool_options_init";
       return POSTSPOOL_EINVAL;
     }
-    std::memcpy(&o, in, sizeof o);
+    std::memcpy(&o, in, std::min<size_t>(in->struct_size, sizeof o));
   }
   if (o.socket_path == nullptr) o.socket_path = kDefaultSocketPath;
   if (o.spool_dir == nullptr) o.spool_dir = kDefaultSpoolDir;
@@ -106,6 +110,7 @@ int CopyOptions(const postspool_options* in, ClientOptions* out, std::string* de
   out->socket_share_pct = o.socket_share_pct;
   out->sync_spool = o.sync_spool != 0;
   out->log_stderr = o.log_stderr != 0;
+  out->use_ring = o.use_ring != 0;
   return POSTSPOOL_OK;
 }
 

@@ -23,6 +23,7 @@ inline constexpr const char* kEnvBudgetMs = "POSTSPOOL_BUDGET_MS";
 inline constexpr const char* kEnvSocketSharePct = "POSTSPOOL_SOCKET_SHARE_PCT";
 inline constexpr const char* kEnvSyncSpool = "POSTSPOOL_SYNC_SPOOL";
 inline constexpr const char* kEnvLogStderr = "POSTSPOOL_LOG_STDERR";
+inline constexpr const char* kEnvRing = "POSTSPOOL_RING";
 
 // Fills `options` with the defaults, overridden by the environment. A
 // variable whose value does not parse is ignored (the library prints
@@ -36,6 +37,7 @@ struct ClientOptions {
   uint32_t socket_share_pct = kDefaultSocketSharePct;
   bool sync_spool = false;
   bool log_stderr = false;
+  bool use_ring = true;
 };
 
 // Checks and copies a caller's options (NULL: the defaults). Returns

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "amqp_url.h"
+#include "ring_format.h"
 #include "segment_format.h"
 #include "socket_protocol.h"
 
@@ -77,6 +78,17 @@ Status ParseConfig(const std::string& text, const std::string& origin, Config* c
       {"spool_dir", [&](auto v) { c->spool_dir = v; return !v.empty(); }},
       {"quarantine_dir", [&](auto v) { c->quarantine_dir = v; return !v.empty(); }},
       {"journal_dir", [&](auto v) { c->journal_dir = v; return !v.empty(); }},
+      {"ring_dir", [&](auto v) { c->ring_dir = v; return true; }},
+      {"ring_lanes", [&](auto v) { return ParseU32(v, &c->ring_lanes) && c->ring_lanes >= ring::kLanesMin && c->ring_lanes <= ring::kLanesMax; }},
+      {"ring_lane_bytes", [&](auto v) {
+         uint64_t n;
+         if (!ParseSize(v, &n) || n < ring::kLaneBytesMin || n > ring::kLaneBytesMax || (n & (n - 1)) != 0) return false;
+         c->ring_lane_bytes = static_cast<uint32_t>(n);
+         return true;
+       }},
+      {"ring_uids_max", [&](auto v) { return ParseU32(v, &c->ring_uids_max) && c->ring_uids_max <= kRingUidsLimit; }},
+      {"ring_lane_records_per_round", [&](auto v) { return ParseU32(v, &c->ring_lane_records_per_round) && c->ring_lane_records_per_round > 0; }},
+      {"ring_poll_us", [&](auto v) { return ParseU32(v, &c->ring_poll_us) && c->ring_poll_us <= 1000000; }},
       {"durability", [&](auto v) {
          if (v == "accepted") c->durability = Durability::kAccepted;
          else if (v == "synced") c->durability = Durability::kSynced;
@@ -308,6 +320,16 @@ Status CheckConfig(const Config& c) {
         std::pair{"metrics_interval_ms", c.metrics_interval_ms}}) {
     if (value == 0) return invalid(std::string(key) + " is 0");
   }
+  if (!c.ring_dir.empty() && c.ring_dir[0] != '/') return invalid("ring_dir is not absolute");
+  if (c.ring_lanes < ring::kLanesMin || c.ring_lanes > ring::kLanesMax) {
+    return invalid("ring_lanes is outside 1..4096");
+  }
+  if (c.ring_lane_bytes < ring::kLaneBytesMin || c.ring_lane_bytes > ring::kLaneBytesMax ||
+      (c.ring_lane_bytes & (c.ring_lane_bytes - 1)) != 0) {
+    return invalid("ring_lane_bytes is not a power of two from 4 KiB to 16 MiB");
+  }
+  if (c.ring_uids_max > kRingUidsLimit) return invalid("ring_uids_max is above 127");
+  if (c.ring_lane_records_per_round == 0) return invalid("ring_lane_records_per_round is 0");
   if (c.socket_mode > 0777) return invalid("socket_mode has bits outside 0777");
   if (c.log_level != "error" && c.log_level != "warning" && c.log_level != "info" &&
       c.log_level != "debug") {

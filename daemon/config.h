@@ -21,6 +21,10 @@ struct Config {
   std::string spool_dir = "/var/spool/postspool/incoming";
   std::string quarantine_dir = "/var/spool/postspool/quarantine";
   std::string journal_dir = "/var/lib/postspool/journal";
+  // The per-uid shared-memory rings (tmpfs; the daemon's own, mode 0700):
+  // one file of ring_lanes lanes of ring_lane_bytes each per uid that asked
+  // for one, at most ring_uids_max of them. Empty: no rings.
+  std::string ring_dir = "/run/postspool/rings";
 
   // Ingest.
   Durability durability = Durability::kAccepted;
@@ -32,6 +36,14 @@ struct Config {
   uint32_t batch_records_max = 4096;      // records in one group-commit write
   uint64_t batch_bytes_max = 4ull << 20;  // bytes in one group-commit write
   uint32_t spool_rescan_interval_ms = 1000;
+  uint32_t ring_lanes = 128;
+  uint32_t ring_lane_bytes = 32u << 10;  // a power of two, 4 KiB to 16 MiB
+  uint32_t ring_uids_max = 64;           // at most kRingUidsLimit
+  // Records one lane gives to one ingest round (fairness between lanes).
+  uint32_t ring_lane_records_per_round = 256;
+  // After the last ring record, the ingest loop polls the rings this long
+  // before it sleeps (and producers must ring the doorbell).
+  uint32_t ring_poll_us = 200;
   // Bounds on the spool work of one ingest round, so that a directory of
   // 50,000 files or a huge segment never stalls socket posts or the
   // watchdog: directory entries examined, and bytes examined by the
@@ -101,6 +113,10 @@ struct Config {
   // Logging: error, warning, info, debug.
   std::string log_level = "info";
 };
+
+// futex_waitv waits on at most 128 words: the doorbell thread's own and
+// one per ring.
+inline constexpr uint32_t kRingUidsLimit = 127;
 
 // Parses "key = value" lines ('#' starts a comment). Sizes take the
 // suffixes KiB, MiB, GiB; booleans are true/false/yes/no/on/off.

@@ -26,6 +26,7 @@
 #include "control.h"
 #include "forwarder.h"
 #include "ingest.h"
+#include "ring_files.h"
 #include "io_loop.h"
 #include "journal.h"
 #include "log.h"
@@ -232,6 +233,7 @@ class Daemon {
   std::unique_ptr<JournalWriter> journal_;
   std::unique_ptr<RealJournal> journal_port_;
   std::unique_ptr<Forwarder> forwarder_;
+  std::unique_ptr<RealRings> rings_;
   std::unique_ptr<Ingest> ingest_;
   std::unique_ptr<IoLoop> loop_;
   UniqueFd listen_fd_;
@@ -293,9 +295,16 @@ Status Daemon::Start() {
     const uint64_t v = RandomU64();
     std::memcpy(key.data() + i, &v, std::min(sizeof v, key.size() - i));
   }
+  rings_ = std::make_unique<RealRings>(config_, &metrics_);
+  if (!config_.ring_dir.empty()) {
+    if (Status s = MakeDirs(config_.ring_dir, 0700); !s.ok()) return s;
+    if (Status s = rings_->Open(); !s.ok()) return s;
+  }
   ingest_ = std::make_unique<Ingest>(
-      config_, &metrics_, Ingest::Ports{&clock_, journal_port_.get(), &spool_dir_}, host, key,
-      RandomU64());
+      config_, &metrics_,
+      Ingest::Ports{&clock_, journal_port_.get(), &spool_dir_,
+                    config_.ring_dir.empty() ? nullptr : rings_.get()},
+      host, key, RandomU64());
   RememberJournaledIds();
 
   // Signals arrive through a signalfd; block them before the forwarder
@@ -350,6 +359,15 @@ Status Daemon::Start() {
       !s.ok()) {
     return s;
   }
+  if (!config_.ring_dir.empty()) {
+    if (Status s = ingest_->WatchReadable(rings_->wake_fd(), [this] {
+          rings_->DrainWakeFd();
+          metrics_.ring_wakeups_total.fetch_add(1, std::memory_order_relaxed);
+        });
+        !s.ok()) {
+      return s;
+    }
+  }
   ingest_->set_round_hook([this](Clock::time_point now) { Periodic(now); });
   started_unix_ms_ = UnixMs();
   if (!config_.control_socket_path.empty()) {
@@ -380,7 +398,7 @@ Status Daemon::Start() {
 
 Status Daemon::Run() {
   while (!ingest_->done()) {
-    if (Status s = loop_->RunOnce(kRoundTimeoutMs); !s.ok()) return s;
+    if (Status s = loop_->RunOnce(ingest_->wants_poll() ? 0 : kRoundTimeoutMs); !s.ok()) return s;
   }
   NotifySystemd("STOPPING=1\nSTATUS=publishing what is journaled");
   const bool drained = forwarder_->StopAndDrain(std::chrono::milliseconds(config_.shutdown_drain_ms));

@@ -28,8 +28,10 @@ void Ingest::Batch::Clear() {
   acks.clear();
   records = 0;
   adopted = 0;
+  ringed = 0;
   ids.clear();
   bytes_of.clear();
+  lane_ends.clear();
 }
 
 Ingest::Ingest(const Config& config, Metrics* metrics, Ports ports, std::string hostname,
@@ -187,6 +189,9 @@ void Ingest::HandleRequest(int fd, const Conn& conn, std::span<const std::byte> 
     return Refuse(fd, conn, &h, wire::AckStatus::kMalformed, malformed,
                   "request larger than the maximum");
   }
+  if (h.record_count == 0 && packet.size() == wire::kRequestHeaderBytes) {
+    return HandleRingRequest(fd, conn, h);
+  }
   if (stopping_) return Refuse(fd, conn, &h, wire::AckStatus::kShuttingDown, nullptr, "stopping");
   if (h.record_count == 0 || h.record_count > wire::kRecordsPerRequestMax) {
     return Refuse(fd, conn, &h, wire::AckStatus::kMalformed, malformed, "bad record count");
@@ -331,10 +336,21 @@ void Ingest::FeedAdoption(Clock::time_point now) {
 // Group commit
 
 void Ingest::StartWrite() {
-  if (write_in_flight_ || filling_.records == 0) return;
+  if (write_in_flight_) return;
+  if (filling_.records == 0) {
+    // Ring records that were all dropped (duplicates, invalid): nothing to
+    // journal, but their lanes' heads move on.
+    if (!filling_.lane_ends.empty()) {
+      std::swap(filling_, writing_);
+      RingsCommitted();
+      writing_.Clear();
+    }
+    return;
+  }
   std::swap(filling_, writing_);
   filling_.Clear();
   write_in_flight_ = true;
+  RingsToWriting();
   if (ports_.journal->NeedsSegment(writing_.bytes.size())) {
     // The batch waits for its segment; the loop goes on meanwhile.
     loop_->SubmitTask(ports_.journal->NewSegmentTask(), kCookieSegment);
@@ -399,8 +415,10 @@ void Ingest::BatchCommitted() {
   for (const PendingAck& a : writing_.acks) {
     SendAck(a.fd, a.gen, wire::Ack{wire::AckStatus::kAccepted, a.request_id, a.records});
   }
-  metrics_->socket_posts_journaled_total.fetch_add(writing_.records - writing_.adopted,
-                                                   std::memory_order_relaxed);
+  RingsCommitted();
+  metrics_->socket_posts_journaled_total.fetch_add(
+      writing_.records - writing_.adopted - writing_.ringed, std::memory_order_relaxed);
+  metrics_->ring_posts_journaled_total.fetch_add(writing_.ringed, std::memory_order_relaxed);
   metrics_->spool_posts_journaled_total.fetch_add(writing_.adopted, std::memory_order_relaxed);
   adopted_uncommitted_ -= writing_.adopted;
   write_in_flight_ = false;
@@ -425,6 +443,7 @@ void Ingest::BatchFailed(const std::string& why) {
     adopted_uncommitted_ -= writing_.adopted;
     adopter_.Restart();
   }
+  RingsFailed();
   write_in_flight_ = false;
   writing_.Clear();
 }
@@ -451,10 +470,13 @@ void Ingest::ForgetConfirmed() {
 
 void Ingest::OnRoundEnd() {
   const auto now = ports_.clock->Now();
+  WakeRings();
   ForgetConfirmed();
   if (!stopping_) adopter_.Tick();
   FeedAdoption(now);
+  const bool ring_work = DrainRings(now);
   StartWrite();
+  MaybeSleep(now, ring_work);
   if (stopping_ && !write_in_flight_ && filling_.records == 0) {
     // Everything that arrived is journaled and acknowledged.
     for (const auto& [fd, conn] : conns_) loop_->RemoveConnection(fd);

@@ -50,6 +50,7 @@ class Ingest final : public IoCallbacks {
     ClockPort* clock = nullptr;
     JournalPort* journal = nullptr;
     SpoolDir* spool = nullptr;
+    RingPort* rings = nullptr;  // null: no rings
   };
   // Everything borrowed must outlive the Ingest. `hostname` is stamped into
   // every post; `dedupe_key` keys the dedupe set's hash (random per start,
@@ -72,6 +73,10 @@ class Ingest final : public IoCallbacks {
   // done() turns true.
   void Stop();
   bool stopping() const { return stopping_; }
+  // True while the rings are busy: the next round must not wait for events
+  // (RunOnce(0)), since producers do not ring the doorbell while the loop
+  // is awake.
+  bool wants_poll() const { return poll_; }
   bool done() const { return done_; }
 
   // The disk the quota counts (journal + spool + quarantine + batches).
@@ -100,6 +105,22 @@ class Ingest final : public IoCallbacks {
     uint32_t gen = 0;
     PeerCred peer;
   };
+  // Where the records a batch took from a lane end: the lane's head moves
+  // there once the batch is journaled.
+  struct LaneEnd {
+    uint32_t ring;
+    uint32_t lane;
+    uint64_t end;
+  };
+  // The daemon's own view of a lane (shared memory is never trusted).
+  struct LaneCursor {
+    uint64_t head = 0;     // journaled up to here (mirrored to the ring)
+    uint64_t read = 0;     // taken into a batch up to here
+    bool in_filling = false;
+    bool in_writing = false;
+    bool broken = false;
+    Clock::time_point next_owner_check{};
+  };
   struct PendingAck {
     int fd;
     uint32_t gen;
@@ -112,8 +133,10 @@ class Ingest final : public IoCallbacks {
     std::vector<PendingAck> acks;
     uint32_t records = 0;
     uint32_t adopted = 0;     // of the records, how many came from the spool
+    uint32_t ringed = 0;      // of the records, how many came from rings
     std::vector<PostId> ids;  // of the records, for RecentIds
     std::unordered_map<uid_t, uint64_t> bytes_of;  // per origin uid
+    std::vector<LaneEnd> lane_ends;
     void Clear();
   };
 
@@ -127,6 +150,20 @@ class Ingest final : public IoCallbacks {
   Status Stamp(std::span<const std::byte> payload, uid_t uid, std::optional<gid_t> gid,
                std::optional<pid_t> pid, Batch* batch);
   void FeedAdoption(Clock::time_point now);
+  // Rings (ingest_ring.cc).
+  void HandleRingRequest(int fd, const Conn& conn, const wire::RequestHeader& h);
+  void SyncRingCursors();
+  // Takes what the lanes hold into filling_, fairly; true if it took any.
+  bool DrainRings(Clock::time_point now);
+  bool DrainLane(uint32_t r, uint32_t l, uid_t uid, Clock::time_point now);
+  void LaneDamaged(uint32_t r, uint32_t l, const char* why);
+  void MaybeReclaimLane(uint32_t r, uint32_t l, uint64_t owner, Clock::time_point now);
+  bool RingAdmits(uid_t uid) const;
+  void RingsToWriting();
+  void RingsCommitted();
+  void RingsFailed();
+  void WakeRings();
+  void MaybeSleep(Clock::time_point now, bool ring_work);
   void StartWrite();
   // Reserves the journal slot of writing_ and submits its write.
   void SubmitBatchWrite();
@@ -170,6 +207,14 @@ class Ingest final : public IoCallbacks {
 
   bool stopping_ = false;
   bool done_ = false;
+
+  std::vector<std::vector<LaneCursor>> cursors_;  // per ring, per lane
+  size_t ring_turn_ = 0;  // where the next round's fair walk over the lanes starts
+  std::vector<std::byte> ring_buffer_;
+  Clock::time_point last_ring_record_{};
+  bool poll_ = false;
+  bool sleeping_ = false;
+  LogLimiter ring_limiter_;
 
   LogLimiter refuse_limiter_;
   LogLimiter journal_limiter_;

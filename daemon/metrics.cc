@@ -28,6 +28,15 @@ std::string Metrics::RenderPrometheus() const {
   PS_COUNTER(requests_unavailable_total);
   PS_COUNTER(socket_posts_journaled_total);
   PS_COUNTER(posts_fields_dropped_total);
+  PS_COUNTER(ring_requests_total);
+  PS_COUNTER(ring_requests_refused_total);
+  PS_COUNTER(ring_posts_journaled_total);
+  PS_COUNTER(ring_posts_deduplicated_total);
+  PS_COUNTER(ring_posts_invalid_total);
+  PS_COUNTER(ring_lanes_damaged_total);
+  PS_COUNTER(ring_lanes_reclaimed_total);
+  PS_COUNTER(ring_wakeups_total);
+  PS_GAUGE(rings);
   PS_COUNTER(spool_segments_adopted_total);
   PS_COUNTER(spool_posts_journaled_total);
   PS_COUNTER(spool_posts_deduplicated_total);

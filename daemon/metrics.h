@@ -26,6 +26,16 @@ struct Metrics {
   // Posts without an origin slot that carried fields of a newer schema:
   // rebuilt to stamp them, which dropped those fields (post_stamp.h).
   Counter posts_fields_dropped_total{0};
+  // Ingest: the shared-memory rings.
+  Counter ring_requests_total{0};           // processes that asked for their uid's ring
+  Counter ring_requests_refused_total{0};   // rings off, ring_uids_max reached, or the file failed
+  Counter ring_posts_journaled_total{0};
+  Counter ring_posts_deduplicated_total{0};  // already journaled (the daemon died before the head moved)
+  Counter ring_posts_invalid_total{0};       // fail validation: dropped, the lane goes on
+  Counter ring_lanes_damaged_total{0};       // a lane's bytes are not records: the lane is reset
+  Counter ring_lanes_reclaimed_total{0};     // lanes of dead or closed owners, drained and freed
+  Counter ring_wakeups_total{0};             // doorbell wake-ups of the sleeping ingest loop
+  std::atomic<uint64_t> rings{0};            // gauge: ring files open
   // Ingest: spool. A "file" is anything in the spool directory; a
   // "segment" is a spool segment file (FORMAT.md).
   Counter spool_segments_adopted_total{0};

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "journal.h"
+#include "ring_format.h"
 #include "segment_reader.h"
 #include "status.h"
 
@@ -118,6 +119,33 @@ class SpoolDir {
   virtual uint64_t quarantine_bytes() const = 0;
   // Drains the change notifications (inotify); true if any arrived.
   virtual bool TakeChanges() = 0;
+};
+
+// The per-uid shared-memory rings (ring_format.h): the files and the
+// doorbell. The ingest logic reads and advances the lanes itself through
+// ring::Ring views; this port creates and opens the rings, answers whether
+// a lane's owner still runs, and puts the doorbell watcher to sleep.
+class RingPort {
+ public:
+  virtual ~RingPort() = default;
+  struct Entry {
+    uid_t uid = 0;
+    ring::Ring ring;
+  };
+  // The uid's ring, created if it has none: a descriptor to hand to a
+  // process of that uid (owned by the port). kUnsupported when rings are
+  // off or ring_uids_max rings exist; the ring then joins entries() at the
+  // end (existing indexes never move).
+  virtual Status ForUid(uid_t uid, int* fd) = 0;
+  virtual const std::vector<Entry>& entries() const = 0;
+  // True while the process `identity` names (pid and start time) runs.
+  virtual bool OwnerAlive(uint64_t identity) = 0;
+  // The loop is going to sleep: every ring's doorbell is set and every lane
+  // was found empty after. The watcher waits on the doorbells and makes the
+  // loop's wake-up descriptor readable when one is rung.
+  virtual void Sleep() = 0;
+  // The loop is awake again (for whatever reason).
+  virtual void Awake() = 0;
 };
 
 }  // namespace postspool::daemon

@@ -32,7 +32,7 @@ extern "C" {
 #endif
 
 #define POSTSPOOL_VERSION_MAJOR 0
-#define POSTSPOOL_VERSION_MINOR 1
+#define POSTSPOOL_VERSION_MINOR 2
 
 /* Error codes: 0 is success, the others are negative. */
 enum postspool_error {
@@ -52,7 +52,8 @@ enum postspool_error {
 enum postspool_transport {
   POSTSPOOL_TRANSPORT_NONE = 0,
   POSTSPOOL_TRANSPORT_SOCKET = 1,
-  POSTSPOOL_TRANSPORT_SPOOL = 2
+  POSTSPOOL_TRANSPORT_SPOOL = 2,
+  POSTSPOOL_TRANSPORT_RING = 3
 };
 
 typedef struct postspool_client postspool_client;
@@ -66,6 +67,9 @@ struct postspool_options {
   int sync_spool;            /* fdatasync spool appends, fsync new segments (durability
                                 "synced"; never syncfs); default 0 */
   int log_stderr;            /* print one line per failed post to stderr; default 0 */
+  /* Since 0.2: */
+  int use_ring;              /* try the daemon's shared-memory ring first; default
+                                $POSTSPOOL_RING or 1 */
 };
 
 /* Fills *options with the defaults (reading the environment variables named above). */

@@ -407,9 +407,11 @@ int PostOne(postspool_client* client, const PostFields& fields, const std::strin
     return refused ? kExitUsage : kExitFailed;
   }
   std::printf("%s %s\n", FormatUuid(result.id).c_str(),
-              result.transport == POSTSPOOL_TRANSPORT_SOCKET ? "socket" : "spool");
+              result.transport == POSTSPOOL_TRANSPORT_SOCKET ? "socket"
+              : result.transport == POSTSPOOL_TRANSPORT_RING ? "ring"
+                                                             : "spool");
   std::fflush(stdout);
-  if (result.transport != POSTSPOOL_TRANSPORT_SOCKET) socket_check->AfterSpooled();
+  if (result.transport == POSTSPOOL_TRANSPORT_SPOOL) socket_check->AfterSpooled();
   return kExitOk;
 }
 

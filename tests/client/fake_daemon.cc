@@ -136,6 +136,13 @@ bool FakeDaemon::Serve(Connection* c) {
     wire::RequestHeader header;
     std::vector<PostData> posts;
     bool valid = wire::DecodeRequestHeader(bytes, &header);
+    if (valid && header.record_count == 0 && bytes.size() == wire::kRequestHeaderBytes) {
+      // A ring request: this daemon has none (as with ring_dir empty).
+      std::array<std::byte, wire::kAckBytes> raw;
+      wire::EncodeAck(wire::Ack{wire::AckStatus::kUnavailable, header.request_id, 0}, raw);
+      ::send(c->fd.get(), raw.data(), raw.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+      continue;
+    }
     if (valid) {
       std::span<const std::byte> rest = bytes.subspan(wire::kRequestHeaderBytes);
       for (uint16_t i = 0; valid && i < header.record_count; ++i) {

@@ -43,6 +43,7 @@ void DaemonProcess::WriteConfig() const {
        << "spool_dir = " << spool_dir() << "\n"
        << "quarantine_dir = " << quarantine_dir() << "\n"
        << "journal_dir = " << journal_dir() << "\n"
+       << "ring_dir = " << ring_dir() << "\n"
        << "metrics_file = " << root_ << "/metrics.prom\n"
        << "metrics_interval_ms = 100\n"
        << "post_broker = " << options_.broker_url << "\n"

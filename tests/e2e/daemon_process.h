@@ -47,6 +47,7 @@ class DaemonProcess {
   std::string spool_dir() const { return root_ + "/spool/incoming"; }
   std::string quarantine_dir() const { return root_ + "/spool/quarantine"; }
   std::string journal_dir() const { return root_ + "/journal"; }
+  std::string ring_dir() const { return root_ + "/rings"; }
   std::string log_path() const { return root_ + "/postspoold.log"; }
   // The counters of the metrics file (written every 100 ms and at exit),
   // without the "postspool_" prefix.

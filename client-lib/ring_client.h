@@ -1,0 +1,70 @@
+// The client's side of the per-uid shared-memory ring (format/ring_format.h,
+// FORMAT.md "The shared-memory ring"): the ring is asked of the daemon once
+// over the socket (it passes the descriptor after checking SO_PEERCRED),
+// mapped, and a lane claimed for this process. A post is then a copy into
+// the lane and one release-store, with a system call only when the daemon
+// said it sleeps (the futex doorbell).
+//
+// Owned by one process and used by one thread at a time (the Client
+// serialises and replaces it after a fork: a child claims its own lane).
+#pragma once
+
+#include <sys/types.h>
+
+#include <span>
+#include <string>
+
+#include "daemon_socket.h"
+#include "ring_format.h"
+#include "unique_fd.h"
+
+namespace postspool::client {
+
+class RingClient {
+ public:
+  // After the daemon refused a ring (or it could not be mapped), how long
+  // posts go straight to the socket before asking again.
+  static constexpr std::chrono::milliseconds kRetryAfter{5000};
+  // How often the ring file is checked for having been removed (a daemon
+  // started afresh with an empty ring_dir would never read this one).
+  static constexpr std::chrono::milliseconds kCheckInterval{100};
+
+  RingClient() = default;
+  ~RingClient();
+  RingClient(const RingClient&) = delete;
+  RingClient& operator=(const RingClient&) = delete;
+
+  enum class Outcome {
+    kAppended,       // in the ring (and journaled, if the daemon is at `synced`)
+    kNotSynced,      // in the ring, but not journaled within the budget (`synced`)
+    kUnavailable,    // not taken: use the next transport (reason says why)
+  };
+  struct Result {
+    Outcome outcome = Outcome::kUnavailable;
+    std::string reason;
+  };
+  // `attach_deadline` bounds asking the daemon for the ring (first post);
+  // `deadline` the wait for `synced`.
+  Result Post(std::span<const std::byte> record, DaemonSocket* socket, Deadline attach_deadline,
+              Deadline deadline);
+
+ private:
+  bool Attach(DaemonSocket* socket, Deadline deadline, std::string* reason);
+  void Detach();
+  bool WaitJournaled(uint64_t end, Deadline deadline) const;
+
+  UniqueFd fd_;
+  void* map_ = nullptr;
+  size_t bytes_ = 0;
+  ring::Ring ring_;
+  pid_t pid_ = 0;            // the process that mapped it and owns the lane
+  uint64_t identity_ = 0;
+  bool have_lane_ = false;
+  uint32_t lane_ = 0;
+  uint64_t tail_ = 0;
+  Clock::time_point retry_after_{};
+  Clock::time_point next_check_{};
+  std::string unavailable_;
+};
+
+}  // namespace postspool::client

@@ -1,0 +1,277 @@
+// The Ingest's side of the per-uid shared-memory rings (ring_format.h):
+// handing a process its uid's ring, draining the lanes fairly into the
+// group-commit batch, moving a lane's head once its records are journaled,
+// resetting damaged lanes, reclaiming the lanes of processes that are gone,
+// and the doorbell protocol that lets the loop sleep.
+//
+// Ring memory is written by every process of the ring's uid: the Ingest
+// keeps its own cursors (LaneCursor) and only ever writes a lane's head and
+// state (and the whole lane header when it frees the lane).
+#include <algorithm>
+#include <array>
+
+#include "ingest.h"
+#include "post.h"
+#include "segment_format.h"
+
+namespace postspool::daemon {
+namespace {
+
+// How often a lane's idle owner is checked for being alive.
+constexpr auto kOwnerCheckInterval = std::chrono::seconds(1);
+
+}  // namespace
+
+void Ingest::HandleRingRequest(int fd, const Conn& conn, const wire::RequestHeader& h) {
+  metrics_->ring_requests_total.fetch_add(1, std::memory_order_relaxed);
+  std::array<std::byte, wire::kAckBytes> raw;
+  int ring_fd = -1;
+  Status s = ports_.rings == nullptr ? Status(StatusCode::kUnsupported, "rings are off")
+             : stopping_             ? Status(StatusCode::kUnsupported, "stopping")
+                                     : ports_.rings->ForUid(conn.peer.uid, &ring_fd);
+  if (!s.ok()) {
+    metrics_->ring_requests_refused_total.fetch_add(1, std::memory_order_relaxed);
+    LogLimited(&ring_limiter_, LogLevel::kInfo, "ring: none for pid %d (uid %u): %s",
+               static_cast<int>(conn.peer.pid), static_cast<unsigned>(conn.peer.uid),
+               s.message().c_str());
+    wire::EncodeAck(wire::Ack{wire::AckStatus::kUnavailable, h.request_id, 0}, raw);
+    if (!loop_->Send(fd, raw)) loop_->RemoveConnection(fd);
+    return;
+  }
+  SyncRingCursors();
+  wire::EncodeAck(wire::Ack{wire::AckStatus::kAccepted, h.request_id, 0}, raw);
+  if (!loop_->SendWithFd(fd, raw, ring_fd)) loop_->RemoveConnection(fd);
+}
+
+void Ingest::SyncRingCursors() {
+  if (ports_.rings == nullptr) return;
+  const auto& entries = ports_.rings->entries();
+  while (cursors_.size() < entries.size()) {
+    const ring::Ring& r = entries[cursors_.size()].ring;
+    std::vector<LaneCursor> lanes(r.lane_count());
+    for (uint32_t l = 0; l < r.lane_count(); ++l) {
+      // What an earlier run journaled; anything after it is read again
+      // (and dropped as a duplicate if it was journaled after all).
+      lanes[l].head = lanes[l].read = r.head(l).load(std::memory_order_acquire);
+    }
+    cursors_.push_back(std::move(lanes));
+  }
+}
+
+bool Ingest::RingAdmits(uid_t uid) const {
+  return DiskBytes() + segment::RecordBytes(segment::kRecordPayloadMax) <= config_.disk_bytes_max &&
+         UidBytes(uid) + segment::RecordBytes(segment::kRecordPayloadMax) <=
+             config_.disk_bytes_per_uid_max;
+}
+
+bool Ingest::DrainRings(Clock::time_point now) {
+  if (ports_.rings == nullptr || stopping_) return false;
+  SyncRingCursors();
+  // Every lane of every ring in one walk, starting one lane further each
+  // round: no lane and no uid is always first. A lane gives at most
+  // ring_lane_records_per_round records per round.
+  size_t total = 0;
+  for (const auto& c : cursors_) total += c.size();
+  if (total == 0) return false;
+  const auto& entries = ports_.rings->entries();
+  bool took = false;
+  size_t r = 0, l = 0;
+  {
+    size_t start = ring_turn_++ % total;
+    while (start >= cursors_[r].size()) start -= cursors_[r++].size();
+    l = start;
+  }
+  for (size_t k = 0; k < total; ++k, ++l) {
+    if (l == cursors_[r].size()) {
+      l = 0;
+      r = (r + 1) % cursors_.size();
+    }
+    const uint32_t ri = static_cast<uint32_t>(r), li = static_cast<uint32_t>(l);
+    const uint64_t owner = entries[r].ring.owner(li).load(std::memory_order_acquire);
+    if (owner == 0) continue;
+    if (DrainLane(ri, li, entries[r].uid, now)) took = true;
+    MaybeReclaimLane(ri, li, owner, now);
+  }
+  if (took) last_ring_record_ = now;
+  return took;
+}
+
+bool Ingest::DrainLane(uint32_t r, uint32_t l, uid_t uid, Clock::time_point now) {
+  (void)now;
+  LaneCursor& c = cursors_[r][l];
+  if (c.broken || c.in_writing) return false;
+  const ring::Ring& ring = ports_.rings->entries()[r].ring;
+  uint64_t tail = 0;
+  if (!ring::LoadTail(ring, l, c.head, c.read, &tail)) {
+    LaneDamaged(r, l, "its tail is outside the lane");
+    return false;
+  }
+  if (tail == c.read) return false;
+  const uint64_t owner = ring.owner(l).load(std::memory_order_relaxed);
+  const pid_t pid = ring::IdentityPid(owner);
+  bool took = false;
+  // The quota is checked once per lane and round: a uid may go over its
+  // share by at most what one lane gives one round.
+  if (!RingAdmits(uid)) return false;
+  for (uint32_t n = 0; n < config_.ring_lane_records_per_round; ++n) {
+    if (filling_.records >= config_.batch_records_max ||
+        filling_.bytes.size() + 2 * segment::RecordBytes(segment::kRecordPayloadMax) >
+            config_.batch_bytes_max) {
+      break;
+    }
+    std::span<const std::byte> payload;
+    const char* why = nullptr;
+    const ring::ReadResult rr = ring::ReadRecord(ring, l, &c.read, tail, &ring_buffer_, &payload, &why);
+    if (rr == ring::ReadResult::kEmpty) break;
+    if (rr == ring::ReadResult::kDamaged) {
+      LaneDamaged(r, l, why);
+      break;
+    }
+    if (!VerifyPostPayload(payload)) {
+      LaneDamaged(r, l, "a record is not a valid Post");
+      break;
+    }
+    // The lane's records up to here belong to this batch, even when this
+    // one is dropped below.
+    if (!c.in_filling) {
+      c.in_filling = true;
+      filling_.lane_ends.push_back(LaneEnd{r, l, c.read});
+    } else {
+      for (LaneEnd& e : filling_.lane_ends) {
+        if (e.ring == r && e.lane == l) e.end = c.read;
+      }
+    }
+    took = true;
+    const fb::PostId* fid = PostFromPayload(payload).id();
+    if (recent_ids_.Contains(PostId{fid->hi(), fid->lo()})) {
+      metrics_->ring_posts_deduplicated_total.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    // The pid is the lane owner's (a process of this uid says so; the ring
+    // is only that uid's). The gid is not known.
+    if (Status s = Stamp(payload, uid, std::nullopt, pid > 0 ? std::optional<pid_t>(pid) : std::nullopt,
+                         &filling_);
+        !s.ok()) {
+      metrics_->ring_posts_invalid_total.fetch_add(1, std::memory_order_relaxed);
+      LogLimited(&invalid_limiter_, LogLevel::kWarning,
+                 "ring: a post of pid %d (uid %u) fails validation (%s); dropped",
+                 static_cast<int>(pid), static_cast<unsigned>(uid), s.message().c_str());
+      continue;
+    }
+    ++filling_.records;
+    ++filling_.ringed;
+  }
+  return took;
+}
+
+void Ingest::LaneDamaged(uint32_t r, uint32_t l, const char* why) {
+  LaneCursor& c = cursors_[r][l];
+  const auto& e = ports_.rings->entries()[r];
+  c.broken = true;
+  // Producers stop using the lane; it is reset once its owner lets go.
+  e.ring.state(l).store(ring::kLaneBroken, std::memory_order_release);
+  const uint64_t n = metrics_->ring_lanes_damaged_total.fetch_add(1, std::memory_order_relaxed) + 1;
+  LogLimited(&ring_limiter_, LogLevel::kWarning,
+             "ring of uid %u, lane %u (pid %d): %s; what follows in the lane is dropped and the lane "
+             "reset once its process lets go of it (%llu damaged lanes so far)",
+             static_cast<unsigned>(e.uid), l,
+             static_cast<int>(ring::IdentityPid(e.ring.owner(l).load(std::memory_order_relaxed))),
+             why, static_cast<unsigned long long>(n));
+}
+
+void Ingest::MaybeReclaimLane(uint32_t r, uint32_t l, uint64_t owner, Clock::time_point now) {
+  LaneCursor& c = cursors_[r][l];
+  if (c.in_filling || c.in_writing) return;
+  const ring::Ring& ring = ports_.rings->entries()[r].ring;
+  if (!c.broken) {
+    // Only a drained lane: what its owner published is journaled first.
+    if (c.read != c.head) return;
+    uint64_t tail = 0;
+    if (!ring::LoadTail(ring, l, c.head, c.read, &tail) || tail != c.read) return;
+  }
+  if ((owner & ring::kReleasedBit) == 0) {
+    if (now < c.next_owner_check) return;
+    c.next_owner_check = now + kOwnerCheckInterval;
+    if (ports_.rings->OwnerAlive(owner)) return;
+  }
+  // Free it: a clean header, then the owner word last (a producer claims a
+  // lane only when its owner is 0 and its head equals its tail).
+  if (c.broken) {
+    ring.tail(l).store(0, std::memory_order_relaxed);
+    ring.head(l).store(0, std::memory_order_relaxed);
+    c.head = c.read = 0;
+    c.broken = false;
+  }
+  ring.state(l).store(ring::kLaneOk, std::memory_order_relaxed);
+  uint64_t expected = owner;
+  if (ring.owner(l).compare_exchange_strong(expected, 0, std::memory_order_acq_rel)) {
+    metrics_->ring_lanes_reclaimed_total.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+void Ingest::RingsToWriting() {
+  for (const LaneEnd& e : writing_.lane_ends) {
+    LaneCursor& c = cursors_[e.ring][e.lane];
+    c.in_filling = false;
+    c.in_writing = true;
+  }
+}
+
+void Ingest::RingsCommitted() {
+  for (const LaneEnd& e : writing_.lane_ends) {
+    LaneCursor& c = cursors_[e.ring][e.lane];
+    c.in_writing = false;
+    c.in_filling = false;
+    c.head = e.end;
+    // What a producer waiting for `synced` looks at.
+    ports_.rings->entries()[e.ring].ring.head(e.lane).store(e.end, std::memory_order_release);
+  }
+}
+
+void Ingest::RingsFailed() {
+  // The records stay in their lanes and are read again.
+  for (const LaneEnd& e : writing_.lane_ends) {
+    LaneCursor& c = cursors_[e.ring][e.lane];
+    c.in_writing = false;
+    c.read = c.head;
+  }
+}
+
+void Ingest::WakeRings() {
+  if (!sleeping_) return;
+  sleeping_ = false;
+  for (const auto& e : ports_.rings->entries()) e.ring.doorbell().store(0, std::memory_order_relaxed);
+  ports_.rings->Awake();
+}
+
+void Ingest::MaybeSleep(Clock::time_point now, bool ring_work) {
+  poll_ = false;
+  if (ports_.rings == nullptr || stopping_ || cursors_.empty()) return;
+  if (ring_work || now - last_ring_record_ < std::chrono::microseconds(config_.ring_poll_us)) {
+    poll_ = true;
+    return;
+  }
+  // Say "asleep" in every ring, then look at every lane once more: a
+  // producer that published before seeing the doorbell set is found here;
+  // one that published after sees it and rings (ring::TakeDoorbell).
+  const auto& entries = ports_.rings->entries();
+  for (const auto& e : entries) e.ring.doorbell().store(1, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  for (size_t r = 0; r < entries.size() && r < cursors_.size(); ++r) {
+    if (!RingAdmits(entries[r].uid)) continue;  // the quota's round timer retries
+    for (uint32_t l = 0; l < cursors_[r].size(); ++l) {
+      const LaneCursor& c = cursors_[r][l];
+      if (c.broken || c.in_writing) continue;  // the write's completion wakes the loop
+      if (entries[r].ring.owner(l).load(std::memory_order_relaxed) == 0) continue;
+      if (entries[r].ring.tail(l).load(std::memory_order_acquire) != c.read) {
+        for (const auto& e : entries) e.ring.doorbell().store(0, std::memory_order_relaxed);
+        poll_ = true;
+        return;
+      }
+    }
+  }
+  sleeping_ = true;
+  ports_.rings->Sleep();
+}
+
+}  // namespace postspool::daemon
