@@ -52,6 +52,19 @@ class Unlocker {
   pthread_mutex_t* mutex_;
 };
 
+// Forks this process is a child of (counted in the child by an atfork
+// handler): a post compares it with the client's own count instead of
+// calling getpid(), which is a system call.
+std::atomic<uint32_t> g_forks{0};
+
+void CountFork() { g_forks.fetch_add(1, std::memory_order_relaxed); }
+
+uint32_t Forks() {
+  static const bool registered = ::pthread_atfork(nullptr, nullptr, CountFork) == 0;
+  (void)registered;
+  return g_forks.load(std::memory_order_acquire);
+}
+
 }  // namespace
 
 int SpoolErrorCode(const Status& status) {
@@ -67,6 +80,7 @@ int SpoolErrorCode(const Status& status) {
 Client::Client(ClientOptions options)
     : options_(std::move(options)),
       owner_pid_(::getpid()),
+      forks_seen_(Forks()),
       state_(new ProcessState(options_)) {
   ::pthread_mutex_init(&mutex_, nullptr);
 }
@@ -85,8 +99,13 @@ Client::~Client() {
 }
 
 void Client::AdoptIfForked() {
+  const uint32_t forks = Forks();
+  if (forks_seen_.load(std::memory_order_acquire) == forks) return;
   const pid_t me = ::getpid();
-  if (owner_pid_.load(std::memory_order_acquire) == me) return;
+  if (owner_pid_.load(std::memory_order_acquire) == me) {
+    forks_seen_.store(forks, std::memory_order_release);
+    return;
+  }
 
   // Allocated before claiming the adoption, so that nothing can throw while
   // other threads wait for it.
@@ -113,6 +132,7 @@ void Client::AdoptIfForked() {
     state_ = fresh.release();  // the old state is abandoned, not freed
   }
   owner_pid_.store(me, std::memory_order_release);
+  forks_seen_.store(forks, std::memory_order_release);
 }
 
 int Client::Fail(int error, const std::string& detail, const char* rel_path) const {

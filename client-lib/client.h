@@ -58,6 +58,11 @@ class Client {
   // The pid whose ProcessState state_ is; -pid while that process's first
   // post is adopting it.
   std::atomic<pid_t> owner_pid_;
+  // The process's fork count (an atfork handler's) when owner_pid_ was
+  // last confirmed: a post notices a fork without calling getpid(). A
+  // child made by vfork or a raw clone runs no atfork handler; it must not
+  // post (it may only exec or _exit).
+  std::atomic<uint32_t> forks_seen_;
   ProcessState* state_;  // owned, except when abandoned after a fork
 };
 

@@ -81,6 +81,7 @@ void Ingest::Stop() {
   if (stopping_) return;
   stopping_ = true;
   loop_->StopListening();
+  NoteRingTailsAtStop();
 }
 
 uint64_t Ingest::DiskBytes() const {
@@ -477,7 +478,7 @@ void Ingest::OnRoundEnd() {
   const bool ring_work = DrainRings(now);
   StartWrite();
   MaybeSleep(now, ring_work);
-  if (stopping_ && !write_in_flight_ && filling_.records == 0) {
+  if (stopping_ && !write_in_flight_ && filling_.records == 0 && RingsFlushed()) {
     // Everything that arrived is journaled and acknowledged.
     for (const auto& [fd, conn] : conns_) loop_->RemoveConnection(fd);
     if (conns_.empty()) done_ = true;

@@ -120,6 +120,9 @@ class Ingest final : public IoCallbacks {
     bool in_writing = false;
     bool broken = false;
     Clock::time_point next_owner_check{};
+    // Set by Stop(): what was published when the daemon was asked to stop,
+    // and is journaled before it exits (0: nothing).
+    uint64_t stop_tail = 0;
   };
   struct PendingAck {
     int fd;
@@ -158,11 +161,15 @@ class Ingest final : public IoCallbacks {
   bool DrainLane(uint32_t r, uint32_t l, uid_t uid, Clock::time_point now);
   void LaneDamaged(uint32_t r, uint32_t l, const char* why);
   void MaybeReclaimLane(uint32_t r, uint32_t l, uint64_t owner, Clock::time_point now);
+  void MaybeTidyFreeLane(uint32_t r, uint32_t l, Clock::time_point now);
   bool RingAdmits(uid_t uid) const;
   void RingsToWriting();
   void RingsCommitted();
   void RingsFailed();
   void WakeRings();
+  // Stop(): notes each lane's tail; RingsFlushed() once all is read up to it.
+  void NoteRingTailsAtStop();
+  bool RingsFlushed() const;
   void MaybeSleep(Clock::time_point now, bool ring_work);
   void StartWrite();
   // Reserves the journal slot of writing_ and submits its write.

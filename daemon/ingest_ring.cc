@@ -39,6 +39,9 @@ void Ingest::HandleRingRequest(int fd, const Conn& conn, const wire::RequestHead
     return;
   }
   SyncRingCursors();
+  for (const auto& e : ports_.rings->entries()) {
+    if (e.uid == conn.peer.uid) e.ring.RepairHeader(e.uid);
+  }
   wire::EncodeAck(wire::Ack{wire::AckStatus::kAccepted, h.request_id, 0}, raw);
   if (!loop_->SendWithFd(fd, raw, ring_fd)) loop_->RemoveConnection(fd);
 }
@@ -64,8 +67,35 @@ bool Ingest::RingAdmits(uid_t uid) const {
              config_.disk_bytes_per_uid_max;
 }
 
+void Ingest::NoteRingTailsAtStop() {
+  if (ports_.rings == nullptr) return;
+  SyncRingCursors();
+  const auto& entries = ports_.rings->entries();
+  for (size_t r = 0; r < cursors_.size(); ++r) {
+    for (uint32_t l = 0; l < cursors_[r].size(); ++l) {
+      LaneCursor& c = cursors_[r][l];
+      uint64_t tail = 0;
+      if (!c.broken && entries[r].ring.owner(l).load(std::memory_order_acquire) != 0 &&
+          ring::LoadTail(entries[r].ring, l, c.head, c.read, &tail)) {
+        c.stop_tail = tail;
+      }
+    }
+  }
+}
+
+bool Ingest::RingsFlushed() const {
+  for (const auto& lanes : cursors_) {
+    for (const LaneCursor& c : lanes) {
+      if (!c.broken && c.read < c.stop_tail) return false;
+    }
+  }
+  return true;
+}
+
 bool Ingest::DrainRings(Clock::time_point now) {
-  if (ports_.rings == nullptr || stopping_) return false;
+  // Stopping: what was in the lanes when SIGTERM came is journaled before
+  // the daemon exits (posts after it wait in the ring for the next start).
+  if (ports_.rings == nullptr || (stopping_ && RingsFlushed())) return false;
   SyncRingCursors();
   // Every lane of every ring in one walk, starting one lane further each
   // round: no lane and no uid is always first. A lane gives at most
@@ -88,7 +118,10 @@ bool Ingest::DrainRings(Clock::time_point now) {
     }
     const uint32_t ri = static_cast<uint32_t>(r), li = static_cast<uint32_t>(l);
     const uint64_t owner = entries[r].ring.owner(li).load(std::memory_order_acquire);
-    if (owner == 0) continue;
+    if (owner == 0) {
+      MaybeTidyFreeLane(ri, li, now);
+      continue;
+    }
     if (DrainLane(ri, li, entries[r].uid, now)) took = true;
     MaybeReclaimLane(ri, li, owner, now);
   }
@@ -106,6 +139,7 @@ bool Ingest::DrainLane(uint32_t r, uint32_t l, uid_t uid, Clock::time_point now)
     LaneDamaged(r, l, "its tail is outside the lane");
     return false;
   }
+  if (stopping_) tail = std::min(tail, std::max(c.stop_tail, c.read));
   if (tail == c.read) return false;
   const uint64_t owner = ring.owner(l).load(std::memory_order_relaxed);
   const pid_t pid = ring::IdentityPid(owner);
@@ -207,6 +241,32 @@ void Ingest::MaybeReclaimLane(uint32_t r, uint32_t l, uint64_t owner, Clock::tim
   if (ring.owner(l).compare_exchange_strong(expected, 0, std::memory_order_acq_rel)) {
     metrics_->ring_lanes_reclaimed_total.fetch_add(1, std::memory_order_relaxed);
   }
+}
+
+void Ingest::MaybeTidyFreeLane(uint32_t r, uint32_t l, Clock::time_point now) {
+  LaneCursor& c = cursors_[r][l];
+  if (now < c.next_owner_check || c.in_filling || c.in_writing) return;
+  c.next_owner_check = now + kOwnerCheckInterval;
+  const ring::Ring& ring = ports_.rings->entries()[r].ring;
+  if (!c.broken && ring.head(l).load(std::memory_order_relaxed) == c.head &&
+      ring.tail(l).load(std::memory_order_relaxed) == c.head && c.read == c.head &&
+      ring.state(l).load(std::memory_order_relaxed) == ring::kLaneOk) {
+    return;
+  }
+  // A free lane whose header someone wrote over: the next producer would
+  // start where the daemon does not read. Held (owner: the released bit
+  // alone, which no producer claims) while it is set right.
+  uint64_t expected = 0;
+  if (!ring.owner(l).compare_exchange_strong(expected, ring::kReleasedBit, std::memory_order_acq_rel)) {
+    return;
+  }
+  c.head = c.read = 0;
+  c.broken = false;
+  ring.tail(l).store(0, std::memory_order_relaxed);
+  ring.head(l).store(0, std::memory_order_relaxed);
+  ring.state(l).store(ring::kLaneOk, std::memory_order_relaxed);
+  ring.owner(l).store(0, std::memory_order_release);
+  metrics_->ring_lanes_damaged_total.fetch_add(1, std::memory_order_relaxed);
 }
 
 void Ingest::RingsToWriting() {

@@ -3,6 +3,8 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -58,8 +60,9 @@ RealRings::RealRings(const Config& config, Metrics* metrics) : config_(config), 
 
 RealRings::~RealRings() {
   if (thread_.joinable()) {
-    stop_.store(true);
-    state_.store(0);
+    // A state the thread never waits for: whatever it loaded last, its
+    // wait returns.
+    state_.store(kStateStop);
     Futex(reinterpret_cast<uint32_t*>(&state_), FUTEX_WAKE_PRIVATE, 1);
     thread_.join();
   }
@@ -109,7 +112,12 @@ Status RealRings::Open() {
       }
     }
   }
+  // The thread takes no signal (SIGTERM is the ingest loop's, by signalfd).
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
   thread_ = std::thread([this] { DoorbellThread(); });
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
   return Status::Ok();
 }
 
@@ -253,8 +261,9 @@ void RealRings::DoorbellThread() {
   uint32_t* state = reinterpret_cast<uint32_t*>(&state_);
   std::vector<WaitV> waitv;
   bool warned = false;
-  while (!stop_.load()) {
+  for (;;) {
     const uint32_t s = state_.load();
+    if (s == kStateStop) return;
     if (s != 1) {
       Futex(state, FUTEX_WAIT_PRIVATE, s);
       continue;
@@ -266,12 +275,13 @@ void RealRings::DoorbellThread() {
       for (uint32_t* d : doorbells_) waitv.push_back(WaitV{1, reinterpret_cast<uintptr_t>(d), FUTEX_32, 0});
     }
     const long r = ::syscall(SYS_futex_waitv, waitv.data(), waitv.size(), 0, nullptr, CLOCK_MONOTONIC);
-    if (r < 0 && errno == ENOSYS) {
-      // Before Linux 5.16: no waiting on several words. The loop is woken
-      // every millisecond instead, a cost only while it is idle.
+    if (r < 0 && (errno == ENOSYS || errno == EPERM)) {
+      // Before Linux 5.16 (or a seccomp filter without it): no waiting on
+      // several words. The loop is woken every millisecond instead, a cost
+      // only while it is idle.
       if (!warned) {
-        PS_LOG_WARNING("futex_waitv is not available (Linux < 5.16): the idle ingest loop polls the "
-                       "rings every millisecond");
+        PS_LOG_WARNING("futex_waitv: %s: the idle ingest loop polls the rings every millisecond",
+                       std::strerror(errno));
         warned = true;
       }
       timespec ts{0, 1000000};

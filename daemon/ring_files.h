@@ -67,8 +67,9 @@ class RealRings final : public RingPort {
   // The doorbell thread: state_ 0 = the loop is awake (the thread waits on
   // state_), 1 = the loop sleeps (the thread waits on every doorbell and
   // on state_), 2 = the thread woke the loop and waits for it to say so.
+  // 3: the daemon stops (set by the destructor only).
+  static constexpr uint32_t kStateStop = 3;
   std::atomic<uint32_t> state_{0};
-  std::atomic<bool> stop_{false};
   std::mutex doorbells_mu_;
   std::vector<uint32_t*> doorbells_;  // guarded by doorbells_mu_
   std::thread thread_;

@@ -1,5 +1,6 @@
 #include "post.h"
 
+#include <pthread.h>
 #include <sys/random.h>
 
 #include <algorithm>
@@ -85,14 +86,48 @@ size_t DigestBytes(fb::IdentityMethod method) {
 
 }  // namespace
 
+namespace {
+
+// Random bytes for ids, taken from getrandom 64 ids at a time: one system
+// call per 64 posts rather than one per post (a ring post costs less than
+// the call). Ids are unpredictable to other users (the daemon drops a
+// spooled post whose id it journaled recently), so the bytes come from the
+// kernel, not from a seeded generator. Per thread; a child after fork must
+// not reuse its parent's remaining bytes, so fork empties the forking
+// thread's buffer (the only thread a child has).
+struct IdBytes {
+  unsigned char bytes[64 * 16];
+  size_t next = sizeof bytes;  // empty
+};
+thread_local IdBytes id_bytes;
+
+void ForgetIdBytesInChild() { id_bytes.next = sizeof id_bytes.bytes; }
+
+void TakeIdBytes(unsigned char* out) {
+  IdBytes& b = id_bytes;
+  if (b.next + 16 > sizeof b.bytes) {
+    // Registered at the first id rather than by a global constructor.
+    static const bool registered = ::pthread_atfork(nullptr, nullptr, ForgetIdBytesInChild) == 0;
+    (void)registered;
+    size_t got = 0;
+    while (got < sizeof b.bytes) {
+      const ssize_t n = ::getrandom(b.bytes + got, sizeof b.bytes - got, 0);
+      if (n > 0) got += static_cast<size_t>(n);
+      else assert(errno == EINTR);
+    }
+    b.next = 0;
+  }
+  std::memcpy(out, b.bytes + b.next, 16);
+  // Used bytes are not left behind for a later reader of this memory.
+  std::memset(b.bytes + b.next, 0, 16);
+  b.next += 16;
+}
+
+}  // namespace
+
 PostId NewPostId() {
   unsigned char b[16];
-  size_t got = 0;
-  while (got < sizeof b) {
-    const ssize_t n = ::getrandom(b + got, sizeof b - got, 0);
-    if (n > 0) got += static_cast<size_t>(n);
-    else assert(errno == EINTR);
-  }
+  TakeIdBytes(b);
   b[6] = static_cast<unsigned char>((b[6] & 0x0f) | 0x40);  // version 4
   b[8] = static_cast<unsigned char>((b[8] & 0x3f) | 0x80);  // RFC 4122 variant
   PostId id;

@@ -31,6 +31,21 @@ void Ring::Format(std::span<std::byte> mem, uint32_t lane_count, uint32_t lane_b
   r.U64(kOffMagic).store(kMagic, std::memory_order_release);
 }
 
+void Ring::RepairHeader(uint32_t uid) const {
+  if (U64(kOffMagic).load(std::memory_order_acquire) == kMagic &&
+      U32(kOffVersion).load(std::memory_order_relaxed) == kVersion &&
+      U32(kOffLaneCount).load(std::memory_order_relaxed) == lane_count_ &&
+      U32(kOffLaneBytes).load(std::memory_order_relaxed) == lane_bytes_ &&
+      U32(kOffUid).load(std::memory_order_relaxed) == uid) {
+    return;
+  }
+  U32(kOffVersion).store(kVersion, std::memory_order_relaxed);
+  U32(kOffLaneCount).store(lane_count_, std::memory_order_relaxed);
+  U32(kOffLaneBytes).store(lane_bytes_, std::memory_order_relaxed);
+  U32(kOffUid).store(uid, std::memory_order_relaxed);
+  U64(kOffMagic).store(kMagic, std::memory_order_release);
+}
+
 bool Ring::Open(std::span<std::byte> mem, Ring* out, std::string* why) {
   *out = Ring();
   if (mem.size() < kHeaderBytes || reinterpret_cast<uintptr_t>(mem.data()) % 8 != 0) {

@@ -90,6 +90,11 @@ class Ring {
   // magic, version and geometry are right and fit `mem`.
   static bool Open(std::span<std::byte> mem, Ring* out, std::string* why);
 
+  // Rewrites the header's fixed fields from this view's geometry (the
+  // daemon, before handing the ring to a process: a process of the uid may
+  // have written over them). Lanes, doorbell and durability are untouched.
+  void RepairHeader(uint32_t uid) const;
+
   bool valid() const { return base_ != nullptr; }
   uint32_t lane_count() const { return lane_count_; }
   uint32_t lane_bytes() const { return lane_bytes_; }

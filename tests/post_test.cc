@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <set>
 
 #include "post_v2_generated.h"
@@ -325,6 +328,27 @@ TEST(NewPostId, IsAVersion4IdAndDoesNotRepeat) {
     EXPECT_EQ(id.lo >> 62, 2u);
     EXPECT_TRUE(ids.insert(id).second);
   }
+}
+
+// Ids come from a per-thread buffer of random bytes: a child after fork
+// must not take the same next id as its parent.
+TEST(NewPostId, AChildAfterForkDoesNotRepeatItsParentsNextIds) {
+  (void)NewPostId();  // the buffer holds bytes for more
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const PostId child = NewPostId();
+    ::_exit(::write(fds[1], &child, sizeof child) == sizeof child ? 0 : 1);
+  }
+  const PostId parent = NewPostId();
+  PostId child;
+  ASSERT_EQ(::read(fds[0], &child, sizeof child), static_cast<ssize_t>(sizeof child));
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ::close(fds[0]);
+  ::close(fds[1]);
+  EXPECT_FALSE(child == parent);
 }
 
 }  // namespace

@@ -631,6 +631,65 @@ Status AmqpTestClient::GetAll(const std::string& queue, std::vector<ReceivedMess
   return Status::Ok();
 }
 
+Status AmqpTestClient::Consume(const std::string& queue, size_t count,
+                               std::chrono::milliseconds idle, std::vector<ReceivedMessage>* out) {
+  constexpr amqp_channel_t kChannel = 2;
+  amqp_channel_open(conn_, kChannel);
+  if (Status s = Reply("channel.open"); !s.ok()) return s;
+  amqp_basic_qos(conn_, kChannel, 0, 2000, 0);
+  if (Status s = Reply("basic.qos"); !s.ok()) return s;
+  amqp_basic_consume(conn_, kChannel, amqp_cstring_bytes(queue.c_str()), amqp_empty_bytes, 0, 0, 0,
+                     amqp_empty_table);
+  if (Status s = Reply("basic.consume"); !s.ok()) return s;
+  const auto* consume_ok = static_cast<amqp_basic_consume_ok_t*>(amqp_get_rpc_reply(conn_).reply.decoded);
+  const std::string tag = consume_ok != nullptr ? ToString(consume_ok->consumer_tag) : "";
+  Status result = Status::Ok();
+  size_t got = 0;
+  uint64_t unacked = 0, last_tag = 0;
+  bool cancelled = false;
+  for (;;) {
+    if (got >= count && !cancelled) {
+      // Deliveries already on their way come before cancel-ok (rabbitmq-c
+      // keeps them): they are read below, until a short silence.
+      amqp_basic_cancel(conn_, kChannel, amqp_cstring_bytes(tag.c_str()));
+      cancelled = true;
+      idle = std::chrono::milliseconds(100);
+    }
+    amqp_envelope_t envelope;
+    timeval tv{static_cast<time_t>(idle.count() / 1000),
+               static_cast<suseconds_t>((idle.count() % 1000) * 1000)};
+    amqp_maybe_release_buffers(conn_);
+    const amqp_rpc_reply_t r = amqp_consume_message(conn_, &envelope, &tv, 0);
+    if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION && r.library_error == AMQP_STATUS_TIMEOUT) break;
+    if (r.reply_type != AMQP_RESPONSE_NORMAL) {
+      result = daemon::AmqpReplyStatus(r, "consume");
+      break;
+    }
+    ReceivedMessage m;
+    m.exchange = ToString(envelope.exchange);
+    m.routing_key = ToString(envelope.routing_key);
+    m.body = ToString(envelope.message.body);
+    const amqp_basic_properties_t& p = envelope.message.properties;
+    if (p._flags & AMQP_BASIC_CONTENT_TYPE_FLAG) m.content_type = ToString(p.content_type);
+    if (p._flags & AMQP_BASIC_CONTENT_ENCODING_FLAG) m.content_encoding = ToString(p.content_encoding);
+    if (p._flags & AMQP_BASIC_MESSAGE_ID_FLAG) m.message_id = ToString(p.message_id);
+    if (p._flags & AMQP_BASIC_DELIVERY_MODE_FLAG) m.delivery_mode = p.delivery_mode;
+    last_tag = envelope.delivery_tag;
+    amqp_destroy_envelope(&envelope);
+    out->push_back(std::move(m));
+    ++got;
+    if (++unacked >= 500) {
+      amqp_basic_ack(conn_, kChannel, last_tag, 1);
+      unacked = 0;
+    }
+  }
+  if (unacked > 0) amqp_basic_ack(conn_, kChannel, last_tag, 1);
+  // Closing the channel gives back whatever was delivered and not read.
+  amqp_channel_close(conn_, kChannel, AMQP_REPLY_SUCCESS);
+  if (Status s = Reply("channel.close"); !s.ok() && result.ok()) result = s;
+  return result;
+}
+
 // ---------------------------------------------------------------------------
 // BrokerEnvironment
 

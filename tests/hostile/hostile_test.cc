@@ -35,6 +35,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -42,12 +43,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -56,8 +59,10 @@
 #include "e2e/daemon_process.h"
 #include "post.h"
 #include "postspool.h"
+#include "ring_format.h"
 #include "segment_format.h"
 #include "segment_writer.h"
+#include "socket_protocol.h"
 #include "test_users.h"
 #include "test_util.h"
 
@@ -136,9 +141,11 @@ struct PostReport {
   }
   std::string Summary() const {
     char buf[256];
-    std::snprintf(buf, sizeof buf, "p50 %.3f ms p99 %.3f ms (socket %d, spool %d, failed %zu)",
+    std::snprintf(buf, sizeof buf,
+                  "p50 %.3f ms p99 %.3f ms (ring %d, socket %d, spool %d, failed %zu)",
                   Percentile(Latencies(), 0.5), Percentile(Latencies(), 0.99),
-                  Count(POSTSPOOL_TRANSPORT_SOCKET), Count(POSTSPOOL_TRANSPORT_SPOOL),
+                  Count(POSTSPOOL_TRANSPORT_RING), Count(POSTSPOOL_TRANSPORT_SOCKET),
+                  Count(POSTSPOOL_TRANSPORT_SPOOL),
                   fail_codes.size());
     return buf;
   }
@@ -417,12 +424,14 @@ class Hostile : public ::testing::Test {
     RecordProperty("attack_p99_ms", std::to_string(Percentile(attack.Latencies(), 0.99)));
   }
 
-  // Every call succeeded, over the socket.
+  // Every call succeeded, taken by the daemon (over the socket, or in the
+  // ring, which the daemon handed out over the socket).
   void ExpectAllOverTheSocket(const PostReport& r, const std::string& what) {
     EXPECT_TRUE(r.fail_codes.empty())
         << what << ": " << r.fail_codes.size() << " posts failed, the first with "
         << r.fail_codes.front() << " " << r.fail_messages.front();
-    EXPECT_EQ(r.Count(POSTSPOOL_TRANSPORT_SOCKET), static_cast<int>(r.ok.size()))
+    EXPECT_EQ(r.Count(POSTSPOOL_TRANSPORT_SOCKET) + r.Count(POSTSPOOL_TRANSPORT_RING),
+              static_cast<int>(r.ok.size()))
         << what << ": " << r.Count(POSTSPOOL_TRANSPORT_SPOOL)
         << " posts went to the spool: the socket stalled past its share of the "
         << kVictimBudgetMs << " ms budget";
@@ -1221,6 +1230,232 @@ TEST_F(Hostile, UsersCannotReadListDeleteOrReplaceEachOthersSpooledPosts) {
   ASSERT_TRUE(daemon_->Start());
   ExpectArrivedAsPosted(victim_posts, victim_);
   ExpectArrivedAsPosted(attacker_posts, attacker_);
+}
+
+// --- The per-uid shared-memory ring.
+
+// Asks the daemon for this uid's ring the way libpostspool does (a request
+// of no records) and returns the descriptor it passed, or -errno.
+int RequestRingFd(const std::string& socket_path) {
+  const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -errno;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", socket_path.c_str());
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    const int e = errno;
+    ::close(fd);
+    return -e;
+  }
+  std::array<std::byte, wire::kRequestHeaderBytes> header;
+  wire::EncodeRequestHeader(wire::RequestHeader{wire::kProtocolVersion, 0, 77}, header);
+  if (::send(fd, header.data(), header.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(header.size())) {
+    const int e = errno;
+    ::close(fd);
+    return -e;
+  }
+  std::array<std::byte, 64> buf;
+  iovec iov{buf.data(), buf.size()};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  const ssize_t n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+  ::close(fd);
+  wire::Ack ack;
+  if (n <= 0 || !wire::DecodeAck(std::span(buf.data(), static_cast<size_t>(n)), &ack) ||
+      ack.status != wire::AckStatus::kAccepted) {
+    return -EPROTO;
+  }
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      int ring;
+      std::memcpy(&ring, CMSG_DATA(c), sizeof ring);
+      return ring;
+    }
+  }
+  return -EPROTO;
+}
+
+// The uid a ring file says it belongs to (its header), or -1.
+int64_t RingUid(int fd) {
+  uint32_t uid = 0;
+  if (::pread(fd, &uid, sizeof uid, ring::kOffUid) != sizeof uid) return -1;
+  return uid;
+}
+
+TEST_F(Hostile, AUserCannotObtainOpenOrMapAnotherUsersRing) {
+  StartDaemon();
+  // The victim posts (its second post attaches the ring) and stays alive,
+  // holding the ring mapped.
+  PostPlan plan = Plan("ring-owner");
+  plan.posts = 1000000;
+  plan.pause_us = 20000;
+  plan.until_told = true;
+  Pipe stop;
+  std::string report = NewReportPath();
+  const int report_fd = ::open(report.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  ASSERT_GE(report_fd, 0);
+  ChildAs victim(victim_, {report_fd, stop.read_end()}, [plan] { return PosterBody(plan); });
+  ::close(report_fd);
+  const std::string victim_ring = daemon_->ring_dir() + "/" + std::to_string(victim_.uid) + ".ring";
+  ASSERT_TRUE(WaitUntil([&] { return ::access(victim_ring.c_str(), F_OK) == 0; }, 10000ms))
+      << "the victim's ring was never made";
+  struct stat ring_st{};
+  ASSERT_EQ(::stat(victim_ring.c_str(), &ring_st), 0);
+  EXPECT_EQ(ring_st.st_uid, ::geteuid());
+  EXPECT_EQ(ring_st.st_mode & 07777, 0600u);
+
+  Pipe result;
+  const std::string socket_path = daemon_->socket_path(), ring_dir = daemon_->ring_dir();
+  const pid_t daemon_pid = daemon_->pid(), victim_pid = victim.pid();
+  const ino_t victim_ino = ring_st.st_ino;
+  const uid_t attacker_uid = attacker_.uid;
+  ChildAs attacker(attacker_, {result.write_end()}, [=] {
+    std::string out;
+    auto tried = [&](const std::string& what, int err) {
+      out += what + " " + std::to_string(err) + "\n";
+    };
+    // By name, for reading and for writing.
+    for (int flags : {O_RDONLY, O_RDWR}) {
+      const int fd = ::open(victim_ring.c_str(), flags | O_CLOEXEC);
+      tried(flags == O_RDONLY ? "open-ring-read" : "open-ring-write", fd >= 0 ? 0 : errno);
+      if (fd >= 0) ::close(fd);
+    }
+    DIR* d = ::opendir(ring_dir.c_str());
+    tried("list-ring-dir", d != nullptr ? 0 : errno);
+    if (d != nullptr) ::closedir(d);
+    // Through the daemon's and the victim's descriptors and mappings.
+    int fd_opened = 0, fd_errno = 0;
+    for (int n = 0; n < 256; ++n) {
+      const std::string p = "/proc/" + std::to_string(daemon_pid) + "/fd/" + std::to_string(n);
+      const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd >= 0) {
+        ++fd_opened;
+        ::close(fd);
+      } else if (fd_errno == 0 && errno != ENOENT) {
+        fd_errno = errno;
+      }
+    }
+    tried("open-daemon-fds", fd_opened > 0 ? 0 : fd_errno);
+    for (const char* what : {"map_files", "fd"}) {
+      const std::string p = "/proc/" + std::to_string(victim_pid) + "/" + what;
+      DIR* v = ::opendir(p.c_str());
+      tried(std::string("list-victim-") + what, v != nullptr ? 0 : errno);
+      if (v != nullptr) ::closedir(v);
+    }
+    const std::string mem = "/proc/" + std::to_string(victim_pid) + "/mem";
+    const int memfd = ::open(mem.c_str(), O_RDONLY | O_CLOEXEC);
+    tried("open-victim-mem", memfd >= 0 ? 0 : errno);
+    if (memfd >= 0) ::close(memfd);
+    // Asking the daemon gives the attacker its own ring, never the victim's.
+    const int own = RequestRingFd(socket_path);
+    struct stat st{};
+    const bool own_ok = own >= 0 && ::fstat(own, &st) == 0 && st.st_ino != victim_ino &&
+                        RingUid(own) == static_cast<int64_t>(attacker_uid);
+    tried("daemon-gives-another-ring", own_ok ? EACCES : 0);
+    if (own >= 0) ::close(own);
+    ChildSay(3, out);
+    return 0;
+  });
+  result.CloseWrite();
+  std::string text;
+  for (;;) {
+    const std::string part = ReadPipe(result.read_end(), 10s);
+    if (part.empty()) break;
+    text += part;
+  }
+  EXPECT_EQ(attacker.Wait(), 0);
+  stop.Send("x");
+  EXPECT_EQ(victim.Wait(), 0);
+  std::istringstream in(text);
+  int attempts = 0;
+  for (std::string what; in >> what;) {
+    int err = 0;
+    in >> err;
+    ++attempts;
+    EXPECT_TRUE(err == EACCES || err == EPERM)
+        << what << " gave " << (err == 0 ? "success" : std::strerror(err));
+  }
+  EXPECT_EQ(attempts, 8) << text;
+  const PostReport posted = ReadPostReport(report);
+  EXPECT_GT(posted.Count(POSTSPOOL_TRANSPORT_RING), 0) << posted.Summary();
+  ExpectArrivedAsPosted(posted, victim_);
+}
+
+TEST_F(Hostile, AProcessScribblingOverItsOwnRingIsCountedAndEveryoneElsesPostsArrive) {
+  StartDaemon();
+  // The attacker's own poster, and the victim (another uid), post while a
+  // process of the attacker's uid writes random bytes all over its ring.
+  PostPlan attacker_plan = Plan("scribbled");
+  attacker_plan.posts = 1000000;
+  attacker_plan.pause_us = 200;
+  attacker_plan.until_told = true;
+  Pipe stop_attacker;
+  std::string attacker_report = NewReportPath();
+  int fd = ::open(attacker_report.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0);
+  ChildAs attacker_poster(attacker_, {fd, stop_attacker.read_end()},
+                          [attacker_plan] { return PosterBody(attacker_plan); });
+  ::close(fd);
+  std::string victim_report;
+  PostPlan victim_plan = Plan("beside-the-scribbler");
+  victim_plan.pause_us = 3000;
+  auto victim = StartPostsAs(victim_, victim_plan, &victim_report);
+
+  const std::string socket_path = daemon_->socket_path();
+  ChildAs scribbler(attacker_, {}, [socket_path] {
+    const int ring = RequestRingFd(socket_path);
+    if (ring < 0) return 10;
+    struct stat st{};
+    if (::fstat(ring, &st) != 0) return 11;
+    const size_t bytes = static_cast<size_t>(st.st_size);
+    void* map = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, ring, 0);
+    if (map == MAP_FAILED) return 12;
+    auto* mem = static_cast<unsigned char*>(map);
+    std::mt19937_64 rng(::getpid());
+    const auto end = Clock::now() + 1500ms;
+    while (Clock::now() < end) {
+      // Runs of random bytes at random places: the header, lane owners,
+      // heads and tails, record bytes.
+      for (int i = 0; i < 64; ++i) {
+        const size_t at = rng() % bytes;
+        const size_t n = std::min<size_t>(1 + rng() % 64, bytes - at);
+        for (size_t k = 0; k < n; ++k) mem[at + k] = static_cast<unsigned char>(rng());
+      }
+      ::usleep(1000);
+    }
+    return 0;
+  });
+  EXPECT_EQ(scribbler.Wait(), 0);
+  // The daemon is alive and took what followed: the attacker's uid still
+  // posts (a new process, on a lane or over the socket).
+  EXPECT_EQ(::kill(daemon_->pid(), 0), 0);
+  PostPlan after = Plan("after-the-scribbling");
+  after.posts = 50;
+  after.pause_us = 0;
+  const PostReport after_posts = PostAs(attacker_, after);
+  stop_attacker.Send("x");
+  EXPECT_EQ(attacker_poster.Wait(), 0);
+  EXPECT_EQ(victim->Wait(), 0);
+  const PostReport victim_posts = ReadPostReport(victim_report);
+  const PostReport during = ReadPostReport(attacker_report);
+  std::printf("[ figures ] scribbled ring: victim %s | scribbler's uid during %s, after %s\n",
+              victim_posts.Summary().c_str(), during.Summary().c_str(),
+              after_posts.Summary().c_str());
+  EXPECT_EQ(::kill(daemon_->pid(), 0), 0) << "the daemon died";
+  ExpectAllOverTheSocket(victim_posts, "victim");
+  EXPECT_GT(victim_posts.Count(POSTSPOOL_TRANSPORT_RING), 0);
+  ExpectArrivedAsPosted(victim_posts, victim_);
+  EXPECT_TRUE(after_posts.fail_codes.empty());
+  ExpectArrivedAsPosted(after_posts, attacker_);
+  const auto m = daemon_->Metrics();
+  std::printf("[ figures ] ring_lanes_damaged_total %llu, ring_lanes_reclaimed_total %llu\n",
+              static_cast<unsigned long long>(m.at("ring_lanes_damaged_total")),
+              static_cast<unsigned long long>(m.at("ring_lanes_reclaimed_total")));
+  EXPECT_GT(m.at("ring_lanes_damaged_total"), 0u);
 }
 
 // Forgery: the origin is the file's owner, whatever its name, header or
