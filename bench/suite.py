@@ -654,6 +654,11 @@ class Suite:
                 if now - last_status > 5:
                     last_status = now
                     log("draining: %d of %d confirmed (%.0f s)" % (c, target, now))
+                    if "status_during_drain" not in out and c > 0:
+                        # What the operator sees mid-drain: postspool status.
+                        st = subprocess.run([self.a.cli, "status", "--control-socket",
+                                             d.control_path], capture_output=True, text=True)
+                        out["status_during_drain"] = (st.stdout or st.stderr)[-2000:]
                 time.sleep(0.1)
             st = subprocess.run([self.a.cli, "status", "--control-socket", d.control_path],
                                 capture_output=True, text=True)

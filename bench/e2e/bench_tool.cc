@@ -21,6 +21,7 @@
 
 #include <amqp.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -30,6 +31,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench_results.h"
@@ -186,6 +188,15 @@ int BrokerCommand(const Args& args) {
     } else if (cmd == "start" && own) {
       const int64_t t0 = MonotonicNs();
       Status s = broker.Start();
+      // While it was down, its port (a free port of the ephemeral range) may
+      // have been taken for a moment, by another program's outgoing
+      // connection or another test's broker on a shared machine: try again.
+      for (int attempt = 1; !s.ok() && attempt < 5; ++attempt) {
+        std::fprintf(stderr, "bench_tool broker: start failed (%s); again in 1 s\n",
+                     s.ToString().substr(0, 200).c_str());
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+        s = broker.Start();
+      }
       reply = s.ok() ? "ok " + std::to_string(Seconds(MonotonicNs() - t0))
                      : "error " + s.ToString();
     } else {
