@@ -82,6 +82,9 @@ def markdown(r):
         med = sl["median"]
         out.append("### Short-lived processes (each posts once and exits)")
         out.append("")
+        if sl.get("note"):
+            out.append("(" + sl["note"] + ")")
+            out.append("")
         out.append("| process | p50 ms | p90 ms | p99 ms | processes/s, 8 at a time | "
                    "p50 ratio to `true` |")
         out.append("|---|---|---|---|---|---|")

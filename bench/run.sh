@@ -8,12 +8,12 @@
 # loopback (its own data directory, free ports; stopped at the end) unless
 # --broker is given, runs every figure, prints the Markdown table and writes
 # DIR/results.json, DIR/results.md and DIR/*.png (default DIR:
-# bench/results/latest). bench/README.md says what each figure means.
+# $build/bench-results). bench/README.md says what each figure means.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 src=$(dirname "$here")
 build=${BENCH_BUILD_DIR:-$src/build-rel}
-out=$here/results/latest
+out=$build/bench-results
 size=full
 args=()
 while [ $# -gt 0 ]; do
