@@ -20,6 +20,8 @@ packages=(
   rabbitmq-server amqp-tools
   # the packaging test (tests/packaging): build, check and install the packages
   debhelper lintian rpm fakeroot
+  # the benchmark suite (bench/run.sh): its plots, the daemon's syscall counts
+  python3-matplotlib linux-perf strace
   # the metrics test parses the Prometheus text format with its reference parser
   python3-prometheus-client
 )

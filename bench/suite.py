@@ -1,0 +1,801 @@
+#!/usr/bin/env python3
+"""The postspool benchmark suite (bench/run.sh runs it; bench/README.md says
+what every figure means).
+
+It starts (or is given) a RabbitMQ broker, starts postspoold processes of its
+own in a temporary directory tree, runs bench_tool (bench/e2e/bench_tool.cc)
+for each measurement, and reads the daemon's CPU time, peak RSS and threads
+from /proc, its syscalls with perf (linux-perf), its counters from its metrics
+file. Every figure is printed side by side with its anchor from the same run,
+as a ratio, with the median over --reps repetitions. It writes results.json,
+results.md and the plots (plot.py) into --out. It reports figures; it never
+fails on one.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+EXCHANGE = "xs_bench"
+QUEUE = "q_bench"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+# Transports of the post-call figures. A transport is a parameter: each is a
+# function from a running daemon to the libpostspool options that make the
+# client use it (the ring slots in here as one more entry once it exists).
+TRANSPORTS = {
+    # The daemon's socket (the client falls back to the spool only if the
+    # socket fails: the figures count which transport took each post).
+    "socket": lambda d: {"socket": d.socket_path, "spool": d.spool_dir},
+    # No socket at that path: every post goes to the spool directory, which
+    # the running daemon adopts.
+    "spool": lambda d: {"socket": d.root + "/run/no-such.sock", "spool": d.spool_dir},
+}
+
+
+def log(msg):
+    print("[suite %s] %s" % (time.strftime("%H:%M:%S"), msg), file=sys.stderr, flush=True)
+
+
+def median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def ratio(a, b):
+    return a / b if a is not None and b not in (None, 0) else None
+
+
+# ---------------------------------------------------------------------------
+# The broker, through `bench_tool broker` (reset / depth / stop / start).
+
+class Broker:
+    def __init__(self, tool, url):
+        args = [tool, "broker"] + (["--url", url] if url else [])
+        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, bufsize=1)
+        hello = json.loads(self.proc.stdout.readline() or '{"error": "broker helper died"}')
+        if "error" in hello:
+            raise RuntimeError("broker: " + hello["error"])
+        self.info = hello
+        self.url = hello["url"]
+        self.own = hello["own"]
+
+    def command(self, line):
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        reply = self.proc.stdout.readline().strip()
+        if not reply.startswith("ok"):
+            raise RuntimeError("broker %s: %s" % (line, reply))
+        return reply[3:]
+
+    def reset(self):
+        self.command("reset %s %s" % (QUEUE, EXCHANGE))
+
+    def depth(self):
+        return int(self.command("depth " + QUEUE))
+
+    def close(self):
+        try:
+            self.command("quit") if False else None
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.close()
+        except (BrokenPipeError, ValueError):
+            pass
+        self.proc.wait(timeout=120)
+
+
+# ---------------------------------------------------------------------------
+# postspoold, in its own directory tree (as tests/e2e/daemon_process.cc).
+
+class Daemon:
+    def __init__(self, binary, broker_url, durability, extra=()):
+        self.root = tempfile.mkdtemp(prefix="postspool-suite-")
+        self.socket_path = self.root + "/run/postspoold.sock"
+        self.control_path = self.root + "/run/control.sock"
+        self.spool_dir = self.root + "/spool/incoming"
+        self.journal_dir = self.root + "/journal"
+        self.metrics_path = self.root + "/metrics.prom"
+        self.log_path = self.root + "/postspoold.log"
+        self.binary = binary
+        self.proc = None
+        with open(self.root + "/postspoold.conf", "w") as f:
+            f.write("socket_path = %s\ncontrol_socket_path = %s\nspool_dir = %s\n"
+                    "quarantine_dir = %s/spool/quarantine\njournal_dir = %s\n"
+                    "metrics_file = %s\nmetrics_interval_ms = 100\npost_broker = %s\n"
+                    "post_exchange = %s\ndurability = %s\n"
+                    % (self.socket_path, self.control_path, self.spool_dir, self.root,
+                       self.journal_dir, self.metrics_path, broker_url, EXCHANGE, durability))
+            for line in extra:
+                f.write(line + "\n")
+
+    def start(self):
+        log_file = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([self.binary, "--config", self.root + "/postspoold.conf"],
+                                     stdout=log_file, stderr=log_file)
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("postspoold exited: " + self.log_tail())
+            try:
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                s.connect(self.socket_path)
+                s.close()
+                return
+            except OSError:
+                time.sleep(0.01)
+        raise RuntimeError("postspoold did not come up: " + self.log_tail())
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def wait_connected(self, timeout_s=30):
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if self.metrics().get("broker_connected") == 1:
+                return True
+            time.sleep(0.02)
+        return False
+
+    def metrics(self):
+        out = {}
+        try:
+            with open(self.metrics_path) as f:
+                for line in f:
+                    if line.startswith("postspool_"):
+                        name, _, value = line.partition(" ")
+                        if "{" in name:
+                            continue
+                        try:
+                            out[name[len("postspool_"):]] = int(float(value))
+                        except ValueError:
+                            pass
+        except OSError:
+            pass
+        return out
+
+    def threads_cpu_s(self):
+        """{thread: CPU seconds}, from /proc/<pid>/task/<tid>/schedstat (time on
+        a CPU in ns: finer than the clock ticks of /proc/<pid>/stat)."""
+        per = {}
+        for tid in os.listdir("/proc/%d/task" % self.pid):
+            try:
+                with open("/proc/%d/task/%s/comm" % (self.pid, tid)) as f:
+                    comm = f.read().strip()
+                with open("/proc/%d/task/%s/schedstat" % (self.pid, tid)) as f:
+                    cpu = int(f.read().split()[0]) / 1e9
+            except (OSError, ValueError, IndexError):
+                continue
+            name = "main (ingest)" if int(tid) == self.pid else "%s %s" % (comm, tid)
+            per[name] = per.get(name, 0) + cpu
+        return per
+
+    def cpu_s(self):
+        with open("/proc/%d/stat" % self.pid) as f:
+            stat = f.read()
+        fields = stat[stat.rindex(")") + 2:].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+    def status_kib(self, key):
+        with open("/proc/%d/status" % self.pid) as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+        return None
+
+    def disk_bytes(self):
+        total = 0
+        for d in (self.journal_dir, self.spool_dir):
+            for dirpath, _, files in os.walk(d):
+                for name in files:
+                    try:
+                        total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+                    except OSError:
+                        pass
+        return total
+
+    def pin(self, cpus):
+        subprocess.run(["taskset", "-a", "-p", "-c", cpus, str(self.pid)],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def wait_confirmed(self, target, timeout_s):
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if self.metrics().get("confirmed_total", 0) >= target:
+                return True
+            time.sleep(0.05)
+        return False
+
+    def log_tail(self, n=20):
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return "".join(f.readlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------
+
+class Suite:
+    def __init__(self, args):
+        self.a = args
+        self.tool = args.tool
+        self.results = {"figures": {}}
+        self.fig = self.results["figures"]
+        self.broker = None
+        q = args.size
+        # Sizes: smoke (CI: seconds), quick (a minute or two), full.
+        self.sz = {
+            "smoke": dict(reps=1, posts1=300, posts8=100, posts64=10, pingpong=2000,
+                          ceiling=2000, warmup=500, short=10, e2e_posts=300, outage_posts=200,
+                          backlog=2000, conn_posts=3, retry_posts=200, syscall_posts=200),
+            "quick": dict(reps=3, posts1=5000, posts8=2000, posts64=200, pingpong=10000,
+                          ceiling=20000, warmup=5000, short=100, e2e_posts=2500,
+                          outage_posts=3000, backlog=100000, conn_posts=25, retry_posts=2000,
+                          syscall_posts=2000),
+            "full": dict(reps=3, posts1=20000, posts8=5000, posts64=500, pingpong=20000,
+                         ceiling=50000, warmup=5000, short=300, e2e_posts=5000,
+                         outage_posts=5000, backlog=1000000, conn_posts=50, retry_posts=5000,
+                         syscall_posts=5000),
+        }[q]
+        if args.backlog is not None:
+            self.sz["backlog"] = args.backlog
+        self.outage_s = args.outage_s if args.outage_s is not None else \
+            {"smoke": 2.0, "quick": 10.0, "full": 20.0}[q]
+        if args.reps is not None:
+            self.sz["reps"] = args.reps
+        self.post_bytes = None
+
+    # -- helpers ------------------------------------------------------------
+    def run_tool(self, *argv, stdin=None):
+        p = subprocess.run([self.tool] + [str(x) for x in argv], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, input=stdin)
+        try:
+            return json.loads(p.stdout)
+        except json.JSONDecodeError:
+            return {"error": "bench_tool %s: rc %d: %s %s" % (argv[0], p.returncode,
+                                                              p.stdout[-300:], p.stderr[-300:])}
+
+    def fleet(self, daemon, transport, processes, posts, cpu=-1, sync_spool=0, budget_ms=5):
+        opts = TRANSPORTS[transport](daemon)
+        return self.run_tool("fleet", "--mode", "libpostspool", "--processes", processes,
+                             "--posts", posts, "--socket", opts["socket"], "--spool",
+                             opts["spool"], "--cpu", cpu, "--sync-spool", sync_spool,
+                             "--budget-ms", budget_ms)
+
+    def pingpong(self, clients, round_trips, placement):
+        return self.run_tool("pingpong", "--clients", clients, "--round-trips", round_trips,
+                             "--placement", placement, "--request-bytes", self.a.request_bytes,
+                             "--reply-bytes", self.a.reply_bytes)
+
+    def new_daemon(self, durability, extra=()):
+        d = Daemon(self.a.postspoold, self.broker.url, durability, extra)
+        d.start()
+        if not d.wait_connected():
+            log("warning: postspoold not connected to the broker after 30 s")
+        return d
+
+    # -- figures ------------------------------------------------------------
+    def machine(self):
+        m = {"nproc": os.cpu_count(), "kernel": platform.release(),
+             "loadavg_before": os.getloadavg(), "shared_machine": True,
+             "date_utc": datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M:%S")}
+        try:
+            with open("/proc/cpuinfo") as f:
+                for line in f:
+                    if line.startswith("model name"):
+                        m["cpu"] = line.split(":", 1)[1].strip()
+                        break
+        except OSError:
+            pass
+        try:
+            m["git"] = subprocess.run(["git", "-C", os.path.dirname(__file__), "rev-parse",
+                                       "--short", "HEAD"], capture_output=True,
+                                      text=True).stdout.strip()
+        except OSError:
+            pass
+        self.results["machine"] = m
+
+    def reset_quietly(self):
+        try:
+            self.broker.reset()
+        except RuntimeError as e:
+            log("warning: emptying the queue failed (%s); going on" % e)
+
+    def ceiling(self, messages):
+        self.broker.reset()
+        r = self.run_tool("ceiling", "--broker-url", self.broker.url, "--exchange", EXCHANGE,
+                          "--messages", messages, "--window", 1000)
+        self.broker.reset()
+        return r
+
+    def fig_ceiling(self):
+        log("warm-up and broker ceiling")
+        self.ceiling(self.sz["warmup"])
+        reps = [self.ceiling(self.sz["ceiling"]) for _ in range(self.sz["reps"])]
+        self.fig["ceiling"] = {"messages": self.sz["ceiling"], "window": 1000,
+                               "runs": reps,
+                               "messages_per_s": median(r.get("messages_per_s") for r in reps)}
+
+    def fig_latency(self):
+        """Post-call latency and posts/s, per transport, durability, clients,
+        placement; anchors: the bare SOCK_SEQPACKET round trip."""
+        sz = self.sz
+        out = {"anchor": {}, "runs": {}}
+        cases = [("1", "same", 1, sz["posts1"]), ("1", "cross", 1, sz["posts1"]),
+                 ("8", "none", 8, sz["posts8"]), ("64", "none", 64, sz["posts64"])]
+        for clients, placement, n, posts in cases:
+            key = "%s/%s" % (clients, placement)
+            reps = [self.pingpong(n, posts, placement) for _ in range(sz["reps"])]
+            out["anchor"][key] = summarize_runs(reps, "per_s")
+        for durability in ("accepted", "synced"):
+            d = self.new_daemon(durability)
+            try:
+                for transport in TRANSPORTS:
+                    for clients, placement, n, posts in cases:
+                        key = "%s/%s/%s/%s" % (transport, durability, clients, placement)
+                        log("latency " + key)
+                        runs = []
+                        cpu_per_post = []
+                        for _ in range(sz["reps"]):
+                            if placement == "same":
+                                d.pin("0")
+                                cpu = 0
+                            elif placement == "cross":
+                                d.pin("1")
+                                cpu = 0
+                            else:
+                                d.pin("0-%d" % (os.cpu_count() - 1))
+                                cpu = -1
+                            before_m = d.metrics()
+                            before_cpu = d.threads_cpu_s()
+                            r = self.fleet(d, transport, n, posts, cpu=cpu,
+                                           sync_spool=1 if durability == "synced" else 0)
+                            ok = r.get("ok", 0)
+                            target = before_m.get("confirmed_total", 0) + ok
+                            # The daemon's CPU for these posts: until they are confirmed
+                            # (ingest, adoption, forwarding).
+                            d.wait_confirmed(target, 120)
+                            after_cpu = d.threads_cpu_s()
+                            r["daemon_cpu_s"] = {k: after_cpu.get(k, 0) - before_cpu.get(k, 0)
+                                                 for k in after_cpu}
+                            total = sum(r["daemon_cpu_s"].values())
+                            r["daemon_cpu_us_per_post"] = total / ok * 1e6 if ok else None
+                            cpu_per_post.append(r["daemon_cpu_us_per_post"])
+                            runs.append(r)
+                        # Keep the queue small: a queue of hundreds of thousands of
+                        # messages slows the broker and takes long to delete.
+                        self.reset_quietly()
+                        out["runs"][key] = summarize_runs(runs, "posts_per_s")
+                        out["runs"][key]["daemon_cpu_us_per_post"] = median(cpu_per_post)
+                        anchor = out["anchor"]["%s/%s" % (clients, placement)]
+                        s = out["runs"][key]
+                        s["ratio_p50_to_anchor"] = ratio(s["p50"], anchor["p50"])
+                        s["ratio_per_s_to_anchor"] = ratio(s["per_s"], anchor["per_s"])
+            finally:
+                d.stop()
+        self.fig["latency"] = out
+
+    def fig_syscalls(self):
+        """Syscalls and context switches of the daemon per post (perf stat on
+        its pid, all threads), 8 clients, socket."""
+        out = {}
+        for durability in ("accepted", "synced"):
+            d = self.new_daemon(durability)
+            try:
+                posts = self.sz["syscall_posts"]
+                perf_out = d.root + "/perf.txt"
+                perf = subprocess.Popen(["perf", "stat", "-x,", "-o", perf_out, "-e",
+                                         "raw_syscalls:sys_enter,context-switches,task-clock",
+                                         "-p", str(d.pid)],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                time.sleep(0.3)
+                before = d.metrics().get("confirmed_total", 0)
+                r = self.fleet(d, "socket", 8, posts)
+                d.wait_confirmed(before + r.get("ok", 0), 120)
+                perf.send_signal(signal.SIGINT)
+                perf.wait()
+                counts = {}
+                try:
+                    with open(perf_out) as f:
+                        for line in f:
+                            parts = line.strip().split(",")
+                            if len(parts) > 2 and parts[0] and parts[0][0].isdigit():
+                                counts[parts[2]] = float(parts[0])
+                except OSError:
+                    pass
+                ok = r.get("ok", 0) or 1
+                out[durability] = {
+                    "posts": r.get("ok", 0),
+                    "tool": "perf stat -e raw_syscalls:sys_enter,context-switches (linux-perf)",
+                    "syscalls_per_post": counts.get("raw_syscalls:sys_enter", 0) / ok
+                    if counts else None,
+                    "context_switches_per_post": counts.get("context-switches", 0) / ok
+                    if counts else None,
+                    "task_clock_us_per_post": counts.get("task-clock", 0) * 1e3 / ok
+                    if counts else None,
+                    "includes_forwarding": True,
+                }
+                # Which syscalls: strace -c on a second, smaller run (strace slows the
+                # daemon a lot: only the counts are meaningful).
+                st_out = d.root + "/strace.txt"
+                st = subprocess.Popen(["strace", "-c", "-f", "-o", st_out, "-p", str(d.pid)],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                time.sleep(0.5)
+                before = d.metrics().get("confirmed_total", 0)
+                r2 = self.fleet(d, "socket", 8, max(posts // 4, 10), budget_ms=1000)
+                d.wait_confirmed(before + r2.get("ok", 0), 120)
+                st.send_signal(signal.SIGINT)
+                st.wait()
+                top = {}
+                try:
+                    with open(st_out) as f:
+                        for line in f:
+                            parts = line.split()
+                            if len(parts) >= 5 and parts[0][0].isdigit() and parts[-1] != "total":
+                                calls = int(parts[3])
+                                top[parts[-1]] = calls
+                except (OSError, ValueError, IndexError):
+                    pass
+                ok2 = r2.get("ok", 0) or 1
+                out[durability]["strace_per_post"] = {
+                    k: round(v / ok2, 3) for k, v in sorted(top.items(), key=lambda kv: -kv[1])[:12]}
+            finally:
+                d.stop()
+        self.fig["syscalls"] = out
+
+    def time_processes(self, argv_list, count, env=None, parallel=1):
+        """Wall time of `count` processes, each run to its end; sequential
+        latency percentiles, then count processes `parallel` at a time."""
+        lat = []
+        env = env or os.environ.copy()
+        for i in range(count):
+            argv = argv_list(i)
+            t0 = time.perf_counter_ns()
+            pid = os.posix_spawnp(argv[0], argv, env,
+                                  file_actions=[(os.POSIX_SPAWN_OPEN, 1, "/dev/null",
+                                                 os.O_WRONLY, 0)])
+            _, status = os.waitpid(pid, 0)
+            lat.append((time.perf_counter_ns() - t0) / 1e6)
+        lat.sort()
+        t0 = time.perf_counter_ns()
+        running = set()
+        for i in range(count):
+            while len(running) >= parallel:
+                pid, _ = os.wait()
+                running.discard(pid)
+            argv = argv_list(i)
+            running.add(os.posix_spawnp(argv[0], argv, env,
+                                        file_actions=[(os.POSIX_SPAWN_OPEN, 1, "/dev/null",
+                                                       os.O_WRONLY, 0)]))
+        while running:
+            pid, _ = os.wait()
+            running.discard(pid)
+        total = (time.perf_counter_ns() - t0) / 1e9
+        return {"count": count, "p50_ms": pct(lat, 50), "p90_ms": pct(lat, 90),
+                "p99_ms": pct(lat, 99), "processes_per_s_parallel_%d" % parallel: count / total}
+
+    def fig_short_lived(self):
+        log("short-lived processes")
+        d = self.new_daemon("accepted")
+        try:
+            n = self.sz["short"]
+            body = '{"pubTime":"20260101T000000.0","baseUrl":"file:/","relPath":"data/x.nc"}'
+            host, port = "127.0.0.1", self.broker.url.rsplit(":", 1)[1].strip("/")
+            out = {"runs": []}
+            for _ in range(self.sz["reps"]):
+                run = {
+                    "true": self.time_processes(lambda i: ["true"], n, parallel=8),
+                    "postspool_post": self.time_processes(
+                        lambda i: [self.a.cli, "post", "--socket", d.socket_path,
+                                   "--spool-dir", d.spool_dir, "--rel-path",
+                                   "data/job/run/file%06d.nc" % i], n, parallel=8),
+                    "amqp_publish": self.time_processes(
+                        lambda i: ["amqp-publish", "--url=" + self.broker.url.rstrip("/"), "-e", EXCHANGE,
+                                   "-r", "v03.data", "-p", "-b", body], n, parallel=8)
+                    if shutil.which("amqp-publish") else None,
+                }
+                out["runs"].append(run)
+            med = {}
+            for k in ("true", "postspool_post", "amqp_publish"):
+                vals = [r[k] for r in out["runs"] if r.get(k)]
+                if vals:
+                    med[k] = {f: median(v[f] for v in vals) for f in vals[0]}
+            out["median"] = med
+            if "true" in med and "postspool_post" in med:
+                out["ratio_post_to_true_p50"] = ratio(med["postspool_post"]["p50_ms"],
+                                                      med["true"]["p50_ms"])
+            if "amqp_publish" in med and "postspool_post" in med:
+                out["ratio_post_to_amqp_publish_p50"] = ratio(
+                    med["postspool_post"]["p50_ms"], med["amqp_publish"]["p50_ms"])
+        finally:
+            d.stop()
+        self.reset_quietly()
+        self.fig["short_lived"] = out
+
+    def fig_end_to_end(self):
+        log("end to end against the ceiling")
+        runs = []
+        for _ in range(self.sz["reps"]):
+            n = 8 * self.sz["e2e_posts"]
+            ceil = self.ceiling(n)
+            d = self.new_daemon("accepted")
+            try:
+                before = d.metrics().get("confirmed_total", 0)
+                t0 = time.monotonic()
+                r = self.fleet(d, "socket", 8, self.sz["e2e_posts"])
+                accepted_s = time.monotonic() - t0
+                ok = d.wait_confirmed(before + r.get("ok", 0), 300)
+                t1 = time.monotonic()
+                runs.append({"posts": r.get("ok", 0), "accept_s": accepted_s,
+                             "confirmed_s": t1 - t0 if ok else None,
+                             "confirmed_posts_per_s": r.get("ok", 0) / (t1 - t0) if ok else None,
+                             "ceiling_same_count_per_s": ceil.get("messages_per_s"),
+                             "forwarder_cpu_s": d.threads_cpu_s()})
+            finally:
+                d.stop()
+            self.broker.reset()
+        e2e = median(r["confirmed_posts_per_s"] for r in runs)
+        c = median(r["ceiling_same_count_per_s"] for r in runs)
+        self.fig["end_to_end"] = {"runs": runs, "confirmed_posts_per_s": e2e,
+                                  "ceiling_per_s": c, "ratio_to_ceiling": ratio(e2e, c),
+                                  "resolution_ms": 100}
+
+    def fig_outage(self):
+        if not self.broker.own:
+            self.fig["outage"] = {"skipped": "the broker was given (--broker): not ours to stop"}
+            return
+        log("broker outage")
+        out = {"runs": []}
+        for _ in range(self.sz["reps"]):
+            d = self.new_daemon("accepted")
+            try:
+                up = self.fleet(d, "socket", 1, self.sz["outage_posts"])
+                self.broker.command("stop")
+                t_down = time.monotonic()
+                while d.metrics().get("broker_connected") == 1 and time.monotonic() - t_down < 30:
+                    time.sleep(0.02)
+                down = self.fleet(d, "socket", 1, self.sz["outage_posts"])
+                # Stay down a while so that the back-off grows as in a real outage.
+                time.sleep(max(0.0, self.outage_s - (time.monotonic() - t_down)))
+                before = d.metrics().get("confirmed_total", 0)
+                self.broker.command("start")
+                t_up = time.monotonic()
+                first = None
+                series = []
+                while time.monotonic() - t_up < 120:
+                    m = d.metrics()
+                    series.append((round(time.monotonic() - t_up, 3), m.get("confirmed_total", 0)))
+                    if m.get("confirmed_total", 0) > before:
+                        first = time.monotonic() - t_up
+                        break
+                    time.sleep(0.01)
+                out["runs"].append({
+                    "up_p50_us": up["latency_us"]["p50"], "up_p99_us": up["latency_us"]["p99"],
+                    "down_p50_us": down["latency_us"]["p50"],
+                    "down_p99_us": down["latency_us"]["p99"],
+                    "down_via_spool": down.get("via_spool"), "down_failed": down.get("failed"),
+                    "outage_s": time.monotonic() - t_down,
+                    "first_confirmed_after_return_s": first,
+                    "reconnect_delay_ms_at_return": d.metrics().get("reconnect_delay_ms")})
+            finally:
+                d.stop()
+            self.broker.reset()
+        rr = out["runs"]
+        out["up_p50_us"] = median(r["up_p50_us"] for r in rr)
+        out["down_p50_us"] = median(r["down_p50_us"] for r in rr)
+        out["up_p99_us"] = median(r["up_p99_us"] for r in rr)
+        out["down_p99_us"] = median(r["down_p99_us"] for r in rr)
+        out["ratio_down_to_up_p50"] = ratio(out["down_p50_us"], out["up_p50_us"])
+        out["first_confirmed_after_return_s"] = median(r["first_confirmed_after_return_s"]
+                                                       for r in rr)
+        out["first_confirmed_after_return_s_max"] = max(
+            (r["first_confirmed_after_return_s"] or 1e9 for r in rr), default=None)
+        self.fig["outage"] = out
+
+    def fig_backlog(self):
+        if not self.broker.own:
+            self.fig["backlog"] = {"skipped": "the broker was given (--broker): not ours to stop"}
+            return
+        n = self.sz["backlog"]
+        per = max(n // 8, 1)
+        n = per * 8
+        log("backlog of %d posts while the broker is down" % n)
+        out = {"posts": n}
+        out["ceiling"] = self.ceiling(min(n, self.a.backlog_ceiling_max))
+        d = self.new_daemon("accepted")
+        try:
+            self.broker.command("stop")
+            while d.metrics().get("broker_connected") == 1:
+                time.sleep(0.02)
+            t0 = time.monotonic()
+            r = self.fleet(d, "socket", 8, per, budget_ms=50)
+            out["build_s"] = time.monotonic() - t0
+            out["build"] = {k: r.get(k) for k in ("ok", "failed", "via_socket", "via_spool",
+                                                   "posts_per_s", "latency_us")}
+            time.sleep(1.0)  # the spooled posts adopted, metrics written
+            out["daemon_rss_peak_mib_during_build"] = (d.status_kib("VmHWM") or 0) / 1024
+            out["disk_bytes"] = d.disk_bytes()
+            out["metrics_before_return"] = {k: v for k, v in d.metrics().items()
+                                            if "backlog" in k or k in ("journal_bytes",
+                                                                       "disk_bytes")}
+            st = subprocess.run([self.a.cli, "status", "--control-socket", d.control_path],
+                                capture_output=True, text=True)
+            out["status_while_down"] = (st.stdout or st.stderr)[-2000:]
+            target = r.get("ok", 0)
+            self.broker.command("start")
+            t_up = time.monotonic()
+            series = []
+            first = None
+            done = None
+            last_status = 0
+            while time.monotonic() - t_up < self.a.drain_timeout_s:
+                c = d.metrics().get("confirmed_total", 0)
+                now = time.monotonic() - t_up
+                series.append((round(now, 2), c))
+                if c > 0 and first is None:
+                    first = now
+                if c >= target:
+                    done = now
+                    break
+                if now - last_status > 5:
+                    last_status = now
+                    log("draining: %d of %d confirmed (%.0f s)" % (c, target, now))
+                    if "status_during_drain" not in out and c > 0:
+                        # What the operator sees mid-drain: postspool status.
+                        st = subprocess.run([self.a.cli, "status", "--control-socket",
+                                             d.control_path], capture_output=True, text=True)
+                        out["status_during_drain"] = (st.stdout or st.stderr)[-2000:]
+                time.sleep(0.1)
+            st = subprocess.run([self.a.cli, "status", "--control-socket", d.control_path],
+                                capture_output=True, text=True)
+            out["status_after_drain"] = (st.stdout or st.stderr)[-2000:]
+            out["daemon_rss_peak_mib"] = (d.status_kib("VmHWM") or 0) / 1024
+            out["first_confirmed_after_return_s"] = first
+            out["drained_s"] = done
+            out["drain_posts_per_s"] = (target / (done - first)) if done and first is not None \
+                and done > first else None
+            out["ratio_drain_to_ceiling"] = ratio(out["drain_posts_per_s"],
+                                                  out["ceiling"].get("messages_per_s"))
+            out["series"] = series
+        finally:
+            d.stop()
+        self.broker.reset()
+        self.fig["backlog"] = out
+
+    def fig_baselines(self):
+        log("baselines: a connection per post; a retry file per post")
+        out = {}
+        runs = []
+        for _ in range(self.sz["reps"]):
+            runs.append(self.run_tool("fleet", "--mode", "conn-per-post", "--processes", 8,
+                                      "--posts", self.sz["conn_posts"], "--broker-url",
+                                      self.broker.url, "--exchange", EXCHANGE))
+        out["connection_per_post"] = summarize_runs(runs, "posts_per_s")
+        self.broker.reset()
+        for sync in (0, 1):
+            runs = []
+            drains = []
+            files = []
+            for _ in range(self.sz["reps"]):
+                rdir = tempfile.mkdtemp(prefix="postspool-retry-")
+                runs.append(self.run_tool("fleet", "--mode", "retry-file", "--processes", 8,
+                                          "--posts", self.sz["retry_posts"], "--retry-dir", rdir,
+                                          "--sync", sync))
+                files.append(len(os.listdir(rdir)))
+                drains.append(self.run_tool("retry-drain", "--retry-dir", rdir, "--broker-url",
+                                            self.broker.url, "--exchange", EXCHANGE))
+                shutil.rmtree(rdir, ignore_errors=True)
+                self.broker.reset()
+            s = summarize_runs(runs, "posts_per_s")
+            s["files_left_for_the_janitor"] = median(files)
+            s["janitor_drain_posts_per_s"] = median(x.get("posts_per_s") for x in drains)
+            out["retry_file_" + ("fdatasync" if sync else "no_sync")] = s
+        self.fig["baselines"] = out
+
+    def run(self):
+        self.machine()
+        t0 = time.monotonic()
+        self.broker = Broker(self.tool, self.a.broker)
+        self.results["broker"] = self.broker.info
+        log("broker %s" % self.broker.url)
+        try:
+            self.broker.reset()
+            steps = [self.fig_ceiling, self.fig_latency, self.fig_syscalls, self.fig_short_lived,
+                     self.fig_end_to_end, self.fig_outage, self.fig_backlog, self.fig_baselines]
+            for step in steps:
+                name = step.__name__[4:]
+                if self.a.only and name not in self.a.only.split(","):
+                    continue
+                try:
+                    step()
+                except Exception as e:  # a figure that failed is reported, the rest still run
+                    log("%s failed: %r" % (name, e))
+                    self.fig[name] = {"error": repr(e)}
+        finally:
+            self.broker.close()
+        self.results["machine"]["loadavg_after"] = os.getloadavg()
+        self.results["total_s"] = time.monotonic() - t0
+        self.results["size"] = self.a.size
+        self.results["sizes"] = self.sz
+        return self.results
+
+
+def pct(sorted_values, p):
+    if not sorted_values:
+        return None
+    i = min(len(sorted_values) - 1, int(round(p / 100.0 * (len(sorted_values) - 1))))
+    return sorted_values[i]
+
+
+def summarize_runs(runs, rate_key):
+    """The median over repetitions of each percentile and of the rate."""
+    ok = [r for r in runs if "latency_us" in r]
+    s = {"reps": len(runs), "errors": [r["error"] for r in runs if "error" in r]}
+    for p in ("p50", "p90", "p99", "p999", "max"):
+        s[p] = median(r["latency_us"][p] for r in ok)
+    s["per_s"] = median(r.get(rate_key) for r in ok)
+    for k in ("via_socket", "via_spool", "failed"):
+        if any(k in r for r in ok):
+            s[k] = sum(r.get(k, 0) for r in ok)
+    s["runs"] = runs
+    return s
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tool", required=True)
+    ap.add_argument("--postspoold", required=True)
+    ap.add_argument("--cli", required=True)
+    ap.add_argument("--broker", default="", help="amqp://... of a broker to use (none: start one)")
+    ap.add_argument("--size", choices=("smoke", "quick", "full"), default="full")
+    ap.add_argument("--reps", type=int)
+    ap.add_argument("--backlog", type=int, help="posts in the backlog figure")
+    ap.add_argument("--backlog-ceiling-max", type=int, default=1000000,
+                    help="messages of the ceiling the drain is compared with (at most)")
+    ap.add_argument("--outage-s", type=float,
+                    help="how long the broker stays down in the outage figure "
+                    "(default: 2 s smoke, 10 s quick, 20 s full)")
+    ap.add_argument("--drain-timeout-s", type=float, default=900)
+    ap.add_argument("--request-bytes", type=int, default=400)
+    ap.add_argument("--reply-bytes", type=int, default=32)
+    ap.add_argument("--only", default="", help="comma list of figures to run")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    res = Suite(a).run()
+    with open(os.path.join(a.out, "results.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import report
+    md = report.markdown(res)
+    with open(os.path.join(a.out, "results.md"), "w") as f:
+        f.write(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
