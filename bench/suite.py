@@ -35,12 +35,17 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 # function from a running daemon to the libpostspool options that make the
 # client use it (the ring slots in here as one more entry once it exists).
 TRANSPORTS = {
-    # The daemon's socket (the client falls back to the spool only if the
-    # socket fails: the figures count which transport took each post).
-    "socket": lambda d: {"socket": d.socket_path, "spool": d.spool_dir},
+    # The per-uid shared-memory ring: a process's first post takes the
+    # socket (the ring is asked for on that connection), the others its
+    # lane; a full lane falls back to the socket (the figures count which
+    # transport took each post).
+    "ring": lambda d: {"socket": d.socket_path, "spool": d.spool_dir, "use_ring": 1},
+    # The daemon's socket (use_ring = 0; the client falls back to the spool
+    # only if the socket fails).
+    "socket": lambda d: {"socket": d.socket_path, "spool": d.spool_dir, "use_ring": 0},
     # No socket at that path: every post goes to the spool directory, which
     # the running daemon adopts.
-    "spool": lambda d: {"socket": d.root + "/run/no-such.sock", "spool": d.spool_dir},
+    "spool": lambda d: {"socket": d.root + "/run/no-such.sock", "spool": d.spool_dir, "use_ring": 0},
 }
 
 
@@ -283,7 +288,7 @@ class Suite:
         return self.run_tool("fleet", "--mode", "libpostspool", "--processes", processes,
                              "--posts", posts, "--socket", opts["socket"], "--spool",
                              opts["spool"], "--cpu", cpu, "--sync-spool", sync_spool,
-                             "--budget-ms", budget_ms)
+                             "--budget-ms", budget_ms, "--use-ring", opts["use_ring"])
 
     def pingpong(self, clients, round_trips, placement):
         return self.run_tool("pingpong", "--clients", clients, "--round-trips", round_trips,

@@ -412,7 +412,7 @@ void Ingest::BatchCommitted() {
     of_segment[uid] += bytes;
     journal_bytes_of_[uid] += bytes;
   }
-  for (const PostId& id : writing_.ids) recent_ids_.Add(id);
+  recent_ids_.AddAll(writing_.ids);
   for (const PendingAck& a : writing_.acks) {
     SendAck(a.fd, a.gen, wire::Ack{wire::AckStatus::kAccepted, a.request_id, a.records});
   }

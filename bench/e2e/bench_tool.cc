@@ -223,6 +223,7 @@ int PostThroughLibpostspool(const Args& args, int process, std::span<PostOutcome
   options.spool_dir = spool_dir.c_str();
   options.budget_ms = static_cast<uint32_t>(args.Int("budget-ms", 5));
   options.sync_spool = static_cast<int>(args.Int("sync-spool", 0));
+  options.use_ring = static_cast<int>(args.Int("use-ring", 0));
   postspool_client* client = nullptr;
   if (postspool_open(&options, &client) != POSTSPOOL_OK) return 2;
   for (size_t i = 0; i < outcomes.size(); ++i) {

@@ -218,7 +218,7 @@ std::unique_ptr<DaemonProcess> StartDaemon(const std::string& lane_bytes) {
   o.exchange = "xs_ring_bench";
   o.extra_config = {"ring_lane_bytes = " + lane_bytes, "disk_bytes_max = 16 GiB",
                     "disk_bytes_per_uid_max = 16 GiB", "journal_segment_bytes_max = 256 MiB",
-                    "log_level = warning"};
+                    "log_level = warning", "metrics_interval_ms = 100"};
   auto d = std::make_unique<DaemonProcess>(o);
   if (!d->Start()) {
     std::fprintf(stderr, "ring_bench: postspoold did not start\n");
@@ -240,11 +240,13 @@ void Row(const char* what, const RunResult& r) {
 int main(int argc, char** argv) {
   int64_t posts = 200000;
   bool quick = false;
+  int only_ring = 0;  // > 0: only the ring with this many clients (for profiling)
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--posts") == 0 && i + 1 < argc) posts = std::atoll(argv[++i]);
     else if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    else if (std::strcmp(argv[i], "--only-ring") == 0 && i + 1 < argc) only_ring = std::atoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: ring_bench [--posts N] [--quick]\n");
+      std::fprintf(stderr, "usage: ring_bench [--posts N] [--quick] [--only-ring CLIENTS]\n");
       return 2;
     }
   }
@@ -255,6 +257,13 @@ int main(int argc, char** argv) {
               posts, ::sysconf(_SC_NPROCESSORS_ONLN));
   std::printf("| run | p50 µs | p99 µs | p99.9 µs | posts/s per client | daemon journaled/s | daemon CPU µs/post | transports |\n");
   std::printf("|---|---|---|---|---|---|---|---|\n");
+  if (only_ring > 0) {
+    auto d = StartDaemon("1 MiB");
+    std::fprintf(stderr, "ring_bench: postspoold pid %d\n", static_cast<int>(d->pid()));
+    Row("ring", Run(*d, only_ring, posts, 1, 60, 1000));
+    d->Stop();
+    return 0;
+  }
   {
     auto d = StartDaemon("1 MiB");
     Row("ring, 1 client", Run(*d, 1, posts, 1, 60, 1000));
