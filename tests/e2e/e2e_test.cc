@@ -180,6 +180,17 @@ PosterReport ReadReport(const std::string& path) {
   return r;
 }
 
+// Adds one poster's report to `all` (its posts become all.posters.back()).
+void MergeReport(const PosterReport& r, PosterReport* all) {
+  all->posters.push_back(r.posters.empty() ? decltype(r.posters)::value_type{} : r.posters[0]);
+  all->ids.insert(all->ids.end(), r.ids.begin(), r.ids.end());
+  all->socket_ids.insert(all->socket_ids.end(), r.socket_ids.begin(), r.socket_ids.end());
+  all->ring_ids.insert(all->ring_ids.end(), r.ring_ids.begin(), r.ring_ids.end());
+  all->failures += r.failures;
+  for (auto [t, n] : r.transports) all->transports[t] += n;
+  all->latencies_ms.insert(all->latencies_ms.end(), r.latencies_ms.begin(), r.latencies_ms.end());
+}
+
 class Posters {
  public:
   Posters(PosterOptions o, int count, const std::string& dir) : o_(std::move(o)) {
@@ -199,14 +210,7 @@ class Posters {
       int status = 0;
       ::waitpid(pids_[i], &status, 0);
       EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "poster " << i;
-      PosterReport r = ReadReport(files_[i]);
-      all.posters.push_back(r.posters.empty() ? decltype(r.posters)::value_type{} : r.posters[0]);
-      all.ids.insert(all.ids.end(), r.ids.begin(), r.ids.end());
-      all.socket_ids.insert(all.socket_ids.end(), r.socket_ids.begin(), r.socket_ids.end());
-      all.ring_ids.insert(all.ring_ids.end(), r.ring_ids.begin(), r.ring_ids.end());
-      all.failures += r.failures;
-      for (auto [t, n] : r.transports) all.transports[t] += n;
-      all.latencies_ms.insert(all.latencies_ms.end(), r.latencies_ms.begin(), r.latencies_ms.end());
+      MergeReport(ReadReport(files_[i]), &all);
     }
     pids_.clear();
     return all;
@@ -1020,11 +1024,8 @@ TEST_P(EndToEnd, RingProducersKilledAtRandomPointsLoseNoAcknowledgedPostAndTheir
   PosterReport all;
   size_t used_ring = 0;
   for (const std::string& f : files) {
-    PosterReport r = ReadReport(f);
-    all.ids.insert(all.ids.end(), r.ids.begin(), r.ids.end());
-    all.failures += r.failures;
-    for (auto [t, n] : r.transports) all.transports[t] += n;
-    if (!r.posters.empty()) all.posters.push_back(r.posters[0]);
+    const PosterReport r = ReadReport(f);
+    MergeReport(r, &all);
     if (r.transports.count(POSTSPOOL_TRANSPORT_RING)) ++used_ring;
   }
   PrintTransports(all);

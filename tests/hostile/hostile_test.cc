@@ -236,6 +236,16 @@ std::string ReadPipe(int fd, std::chrono::milliseconds timeout) {
   return out;
 }
 
+// Everything a child writes to a pipe until it closes it (or 10 s of silence).
+std::string ReadAll(int fd) {
+  std::string text;
+  for (;;) {
+    const std::string part = ReadPipe(fd, std::chrono::seconds(10));
+    if (part.empty()) return text;
+    text += part;
+  }
+}
+
 // A pipe whose ends close themselves.
 struct Pipe {
   Pipe() {
@@ -400,13 +410,16 @@ class Hostile : public ::testing::Test {
 
   // Starts posting as `user` in a child; ReadPostReport(*report) once it
   // exited.
+  // With plan.until_told, `stop_fd` is the read end of the pipe that tells
+  // it to stop.
   std::unique_ptr<ChildAs> StartPostsAs(const TestUser& user, const PostPlan& plan,
-                                        std::string* report) {
+                                        std::string* report, int stop_fd = -1) {
     *report = NewReportPath();
     const int fd = ::open(report->c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     EXPECT_GE(fd, 0);
-    auto child = std::make_unique<ChildAs>(user, std::vector<int>{fd},
-                                           [plan] { return PosterBody(plan); });
+    std::vector<int> keep{fd};
+    if (stop_fd >= 0) keep.push_back(stop_fd);
+    auto child = std::make_unique<ChildAs>(user, keep, [plan] { return PosterBody(plan); });
     ::close(fd);
     return child;
   }
@@ -1202,12 +1215,7 @@ TEST_F(Hostile, UsersCannotReadListDeleteOrReplaceEachOthersSpooledPosts) {
       return TryToTouch(Spool(), target_name, evil_name);
     });
     result.CloseWrite();
-    std::string text;
-    for (;;) {
-      const std::string part = ReadPipe(result.read_end(), 10s);
-      if (part.empty()) break;
-      text += part;
-    }
+    const std::string text = ReadAll(result.read_end());
     EXPECT_EQ(child.Wait(), 0);
     std::istringstream in(text);
     int attempts = 0;
@@ -1295,11 +1303,8 @@ TEST_F(Hostile, AUserCannotObtainOpenOrMapAnotherUsersRing) {
   plan.pause_us = 20000;
   plan.until_told = true;
   Pipe stop;
-  std::string report = NewReportPath();
-  const int report_fd = ::open(report.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  ASSERT_GE(report_fd, 0);
-  ChildAs victim(victim_, {report_fd, stop.read_end()}, [plan] { return PosterBody(plan); });
-  ::close(report_fd);
+  std::string report;
+  auto victim = StartPostsAs(victim_, plan, &report, stop.read_end());
   const std::string victim_ring = daemon_->ring_dir() + "/" + std::to_string(victim_.uid) + ".ring";
   ASSERT_TRUE(WaitUntil([&] { return ::access(victim_ring.c_str(), F_OK) == 0; }, 10000ms))
       << "the victim's ring was never made";
@@ -1310,7 +1315,7 @@ TEST_F(Hostile, AUserCannotObtainOpenOrMapAnotherUsersRing) {
 
   Pipe result;
   const std::string socket_path = daemon_->socket_path(), ring_dir = daemon_->ring_dir();
-  const pid_t daemon_pid = daemon_->pid(), victim_pid = victim.pid();
+  const pid_t daemon_pid = daemon_->pid(), victim_pid = victim->pid();
   const ino_t victim_ino = ring_st.st_ino;
   const uid_t attacker_uid = attacker_.uid;
   ChildAs attacker(attacker_, {result.write_end()}, [=] {
@@ -1361,15 +1366,10 @@ TEST_F(Hostile, AUserCannotObtainOpenOrMapAnotherUsersRing) {
     return 0;
   });
   result.CloseWrite();
-  std::string text;
-  for (;;) {
-    const std::string part = ReadPipe(result.read_end(), 10s);
-    if (part.empty()) break;
-    text += part;
-  }
+  const std::string text = ReadAll(result.read_end());
   EXPECT_EQ(attacker.Wait(), 0);
   stop.Send("x");
-  EXPECT_EQ(victim.Wait(), 0);
+  EXPECT_EQ(victim->Wait(), 0);
   std::istringstream in(text);
   int attempts = 0;
   for (std::string what; in >> what;) {
@@ -1394,12 +1394,9 @@ TEST_F(Hostile, AProcessScribblingOverItsOwnRingIsCountedAndEveryoneElsesPostsAr
   attacker_plan.pause_us = 200;
   attacker_plan.until_told = true;
   Pipe stop_attacker;
-  std::string attacker_report = NewReportPath();
-  int fd = ::open(attacker_report.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  ASSERT_GE(fd, 0);
-  ChildAs attacker_poster(attacker_, {fd, stop_attacker.read_end()},
-                          [attacker_plan] { return PosterBody(attacker_plan); });
-  ::close(fd);
+  std::string attacker_report;
+  auto attacker_poster = StartPostsAs(attacker_, attacker_plan, &attacker_report,
+                                      stop_attacker.read_end());
   std::string victim_report;
   PostPlan victim_plan = Plan("beside-the-scribbler");
   victim_plan.pause_us = 3000;
@@ -1438,7 +1435,7 @@ TEST_F(Hostile, AProcessScribblingOverItsOwnRingIsCountedAndEveryoneElsesPostsAr
   after.pause_us = 0;
   const PostReport after_posts = PostAs(attacker_, after);
   stop_attacker.Send("x");
-  EXPECT_EQ(attacker_poster.Wait(), 0);
+  EXPECT_EQ(attacker_poster->Wait(), 0);
   EXPECT_EQ(victim->Wait(), 0);
   const PostReport victim_posts = ReadPostReport(victim_report);
   const PostReport during = ReadPostReport(attacker_report);
