@@ -37,7 +37,12 @@
 //    be confirmed (acknowledged_is_confirmed) and recoverable after a crash
 //    (the rings survive it);
 //  - ring_dead_lanes_reclaimed: at the end no lane is owned by a process
-//    that is gone or released it.
+//    that is gone or released it, and every free lane is claimable (one a
+//    claim hands back, after a scribble, the daemon must repair: the drain
+//    phase probes such lanes with a claim until it does);
+// Ring lanes whose uid the disk quota holds back (Ingest::RingAdmits wants
+// room for the largest record) are not drained; their posts are counted
+// (exempt.ring_posts_held_by_full_disk), not failed.
 // Ring posts in a lane that was scribbled over are exempt (counted), and so
 // are ring posts not yet journaled when a power loss took tmpfs.
 // Posts of hostile clients (squatters, garbage writers) are exempt from the
