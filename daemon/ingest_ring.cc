@@ -235,6 +235,13 @@ void Ingest::MaybeReclaimLane(uint32_t r, uint32_t l, uint64_t owner, Clock::tim
     ring.head(l).store(0, std::memory_order_relaxed);
     c.head = c.read = 0;
     c.broken = false;
+  } else {
+    // The head word is the daemon's, but every process of the uid can
+    // write it. Drained, the lane's tail equals the daemon's own head: so
+    // the head word is set from it, or one scribble over it would make
+    // every later claim hand the lane back (ClaimLane wants head == tail)
+    // and the lane would be lost until the daemon restarts.
+    ring.head(l).store(c.head, std::memory_order_relaxed);
   }
   ring.state(l).store(ring::kLaneOk, std::memory_order_relaxed);
   uint64_t expected = owner;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "post.h"
+#include "ring_format.h"
 #include "segment_format.h"
 
 namespace {
@@ -25,6 +26,7 @@ using postspool::PostData;
 using postspool::PostId;
 namespace fb = postspool::fb;
 namespace segment = postspool::segment;
+namespace ring = postspool::ring;
 using Bytes = std::vector<std::byte>;
 
 constexpr int64_t kTimeNs = 1'700'000'000'123'456'789;
@@ -208,6 +210,167 @@ class CorpusWriter {
   size_t total_bytes_ = 0;
 };
 
+
+// A post whose framed record is exactly `record_bytes` long.
+PostData PostOfRecordBytes(size_t record_bytes) {
+  for (size_t k = record_bytes > 96 ? record_bytes - 96 : 0; k <= record_bytes; ++k) {
+    PostData p = PaddedPost(9, k);
+    if (segment::RecordBytes(Build(p).size()) == record_bytes) return p;
+  }
+  std::fprintf(stderr, "no post makes a record of %zu bytes\n", record_bytes);
+  std::exit(1);
+}
+
+// A ring written by format/'s own producer code (ring::Append), dumped as a
+// fuzz_ring_lane input: four control bytes (see fuzz_ring_lane.cc), then the
+// ring from its first lane header on, or the whole ring when raw.
+class RingImage {
+ public:
+  RingImage(uint32_t lanes, uint32_t lane_bytes)
+      : lanes_(lanes), lane_bytes_(lane_bytes), words_(ring::RingBytes(lanes, lane_bytes) / 8),
+        tails_(lanes, 0) {
+    ring::Ring::Format(mem(), lanes, lane_bytes, 1000, ring::kDurabilityAccepted);
+    std::string why;
+    if (!ring::Ring::Open(mem(), &ring_, &why)) {
+      std::fprintf(stderr, "ring: %s\n", why.c_str());
+      std::exit(1);
+    }
+    for (uint32_t l = 0; l < lanes; ++l) ring_.owner(l).store(ring::MakeIdentity(4000 + l, 99));
+  }
+  std::span<std::byte> mem() {
+    return {reinterpret_cast<std::byte*>(words_.data()), words_.size() * 8};
+  }
+  const ring::Ring& r() const { return ring_; }
+  // The lane's owner posts `p`; false when the lane is full.
+  bool Post(uint32_t lane, const PostData& p) {
+    Bytes rec;
+    Append(Build(p), &rec);
+    return ring::Append(ring_, lane, &tails_[lane], rec) == ring::AppendResult::kAppended;
+  }
+  // The daemon journaled everything published in the lane.
+  void Journal(uint32_t lane) { ring_.head(lane).store(ring_.tail(lane).load()); }
+  uint64_t tail(uint32_t lane) const { return tails_[lane]; }
+  // Posts (journaled at once) until the lane's tail is at `at` in its lap;
+  // the last of those posts is left unjournaled.
+  void MoveTo(uint32_t lane, uint64_t at) {
+    uint64_t last = tails_[lane];
+    while (tails_[lane] % lane_bytes_ != at) {
+      const uint64_t pos = tails_[lane] % lane_bytes_;
+      const uint64_t left = (at + lane_bytes_ - pos) % lane_bytes_;
+      // Too close for one post: once more round the lap.
+      const uint64_t bytes = left > 1536 || left < 512 ? 1024 : left;
+      last = tails_[lane];
+      if (!Post(lane, PostOfRecordBytes(bytes))) std::exit(1);
+      Journal(lane);
+    }
+    ring_.head(lane).store(last);
+  }
+  Bytes Input(uint8_t flags) {
+    const size_t from = (flags & 1) != 0 ? 0 : ring::kHeaderBytes;
+    Bytes out(4 + mem().size() - from);
+    out[0] = std::byte(flags);
+    out[1] = std::byte(lanes_ - 1);
+    out[2] = std::byte(lane_bytes_ == 8192 ? 1 : 0);
+    std::memcpy(out.data() + 4, mem().data() + from, mem().size() - from);
+    return out;
+  }
+
+ private:
+  uint32_t lanes_;
+  uint32_t lane_bytes_;
+  std::vector<uint64_t> words_;
+  ring::Ring ring_;
+  std::vector<uint64_t> tails_;
+};
+
+void WriteRingSeeds(CorpusWriter& w) {
+  const std::string t = "fuzz_ring_lane";
+  constexpr uint8_t kAppendAfter = 2;
+  {
+    RingImage img(1, 4096);
+    for (int i = 1; i <= 3; ++i) img.Post(0, TypicalPost(i));
+    w.Write(t, "records.ring", img.Input(kAppendAfter));
+    w.Write(t, "records_raw.ring", img.Input(kAppendAfter | 1));
+  }
+  {
+    RingImage img(2, 4096);
+    for (int i = 1; i <= 3; ++i) img.Post(0, TypicalPost(i));
+    img.r().head(0).store(segment::RecordBytes(Build(TypicalPost(1)).size()));
+    img.Post(1, MinimalPost());
+    img.Post(1, FullPost());
+    img.Journal(1);
+    img.Post(1, RmdirPost());
+    w.Write(t, "partly_journaled.ring", img.Input(kAppendAfter));
+  }
+  {
+    // 24 bytes left in the lap: a wrap marker, then the record at the start.
+    RingImage img(1, 4096);
+    img.MoveTo(0, 4096 - 24);
+    img.Post(0, TypicalPost(5));
+    img.Post(0, TypicalPost(6));
+    w.Write(t, "wrap_marker.ring", img.Input(kAppendAfter));
+  }
+  {
+    // 8 bytes left: skipped without a marker.
+    RingImage img(1, 4096);
+    img.MoveTo(0, 4096 - 8);
+    img.Post(0, TypicalPost(5));
+    w.Write(t, "implicit_wrap.ring", img.Input(kAppendAfter));
+  }
+  {
+    RingImage img(1, 8192);
+    for (int i = 0; i < 300; ++i) {
+      img.Post(0, i % 7 == 0 ? FullPost() : TypicalPost(i));
+      if (i < 295) img.Journal(0);
+    }
+    w.Write(t, "many_laps.ring", img.Input(kAppendAfter));
+  }
+  {
+    // The owner died copying its fourth record: bytes past the tail.
+    RingImage img(1, 4096);
+    for (int i = 1; i <= 3; ++i) img.Post(0, TypicalPost(i));
+    const uint64_t tail = img.tail(0);
+    img.Post(0, FullPost());
+    img.r().tail(0).store(tail);
+    w.Write(t, "torn_record.ring", img.Input(kAppendAfter));
+    // ... or a tail stored into the middle of a record.
+    img.r().tail(0).store(tail + 40);
+    w.Write(t, "tail_in_record.ring", img.Input(0));
+  }
+  {
+    RingImage img(1, 4096);
+    for (int i = 1; i <= 3; ++i) img.Post(0, TypicalPost(i));
+    const size_t second = segment::RecordBytes(Build(TypicalPost(1)).size());
+    img.r().data(0)[second + segment::kRecordHeaderBytes + 30] ^= std::byte{0x04};
+    w.Write(t, "flipped_bit.ring", img.Input(0));
+    img.r().data(0)[second + segment::kRecordHeaderBytes + 30] ^= std::byte{0x04};
+    img.r().data(0)[second + 8] ^= std::byte{0x01};  // its marker
+    w.Write(t, "bad_marker.ring", img.Input(0));
+    img.r().data(0)[second + 8] ^= std::byte{0x01};
+    img.r().tail(0).store(img.tail(0) + 8192);
+    w.Write(t, "tail_past_lane.ring", img.Input(0));
+  }
+  {
+    RingImage img(1, 4096);
+    for (int i = 0; img.Post(0, TypicalPost(i)); ++i) {
+    }
+    w.Write(t, "full_lane.ring", img.Input(kAppendAfter));
+  }
+  {
+    // Lanes in every state a producer's claim must look at.
+    RingImage img(4, 4096);
+    img.Post(0, TypicalPost(1));
+    img.Journal(0);
+    img.r().owner(0).store(0);  // free and drained
+    img.Post(1, TypicalPost(2));
+    img.r().owner(1).store(0);  // free but not drained
+    img.r().state(2).store(ring::kLaneBroken);
+    img.r().owner(2).store(0);
+    img.r().owner(3).store(ring::MakeIdentity(4003, 99) | ring::kReleasedBit);
+    w.Write(t, "lane_states.ring", img.Input(kAppendAfter));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -302,6 +465,8 @@ int main(int argc, char** argv) {
   w.Write(reader, "newer_version.seg", Concat(EncodedHeader(newer), records_only));
   w.Write(reader, "truncated_header.seg",
           Bytes(three_records.begin(), three_records.begin() + 100));
+
+  WriteRingSeeds(w);
 
   std::printf("wrote %zu files, %zu bytes, under %s\n", w.files(), w.total_bytes(), argv[1]);
   return 0;

@@ -108,6 +108,16 @@ void SimIoLoop::CrashInFlight() {
   io_.clear();
 }
 
+bool SimIoLoop::HasEvents() const {
+  if (!io_.empty() || (!node_->backlog.empty() && node_->listening)) return true;
+  for (const auto& [id, s] : node_->sockets) {
+    if (s.daemon_fd < 0 || s.close_reported) continue;
+    if (s.remove_requested) return true;
+    if (s.receiving && (!s.to_daemon.empty() || s.client_closed)) return true;
+  }
+  return false;
+}
+
 Status SimIoLoop::RunOnce(int timeout_ms) {
   (void)timeout_ms;  // the world moves the clock
   ++round_;

@@ -65,6 +65,13 @@ class SimIoLoop final : public daemon::IoLoop {
   // The daemon dies: writes in flight land (whole or torn) or not.
   void CrashInFlight();
   const RoundWork& round_work() const { return work_; }
+  // Something would wake the real loop before its timeout: a connection to
+  // accept, a packet, a connection that ended or is to be closed, an I/O
+  // completion (the simulated ones advance by rounds, so one in flight
+  // counts).
+  bool HasEvents() const;
+  // A write, sync or task is in flight.
+  bool HasIo() const { return !io_.empty(); }
 
  private:
   struct Io {

@@ -34,6 +34,11 @@ struct SimStats {
   // Of those, the ones from a second journal record of the post.
   std::vector<uint64_t> journaled_twice_per_crash;
   uint64_t duplicates_total = 0;  // every enqueue beyond the first of an id
+  // The rings: what the producers did ("posts_published", "doorbells_rung"),
+  // how the loop slept ("rounds_slept", "timeout_rounds_while_asleep"), and
+  // the daemons' ring counters summed over their processes
+  // ("daemon.posts_deduplicated", "daemon.lanes_damaged", ...).
+  std::map<std::string, uint64_t> ring;
   // The most work one ingest round asked for, by kind ("spool.entries",
   // "spool.bytes_read", ...).
   std::map<std::string, uint64_t> round_work_max;
@@ -50,6 +55,7 @@ inline void SimStats::Merge(const SimStats& o) {
   for (const auto& [k, v] : o.faults) faults[k] += v;
   for (const auto& [k, v] : o.crash_points) crash_points[k] += v;
   for (const auto& [k, v] : o.round_work_max) NoteRoundWork(k, v);
+  for (const auto& [k, v] : o.ring) ring[k] += v;
   crashes += o.crashes;
   power_losses += o.power_losses;
   clean_restarts += o.clean_restarts;

@@ -1,10 +1,12 @@
 #include "simulation.h"
 
 #include <algorithm>
+#include <array>
 #include <cassert>
 #include <cinttypes>
 #include <cstdarg>
 #include <cstdio>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -23,6 +25,7 @@
 #include "sim_io_loop.h"
 #include "sim_journal.h"
 #include "sim_node.h"
+#include "sim_rings.h"
 #include "sim_spool.h"
 #include "socket_protocol.h"
 
@@ -42,6 +45,12 @@ constexpr uint64_t kOpensPerRoundMax = 16;
 // A SegmentReader reads through a window of four largest records.
 constexpr uint64_t kReaderWindowBytes = 4 * segment::RecordBytes(segment::kRecordPayloadMax);
 constexpr gid_t kSpoolGid = 50;
+// The real loop's timeout (daemon.cc kRoundTimeoutMs): a loop that sleeps
+// runs a round at the latest this long after its last one.
+constexpr auto kRoundTimeout = 50ms;
+// After a refused ring, posts skip the ring this long (RingClient::kRetryAfter
+// is 5 s; shorter here so that a run asks again).
+constexpr auto kRingRetryAfter = 300ms;
 constexpr uid_t kHostileUid = 2000;
 
 // The client library's socket back-off (client-lib/daemon_socket.h).
@@ -60,7 +69,16 @@ struct PostInfo {
   // while the disk survives, so the post is exempt (and counted).
   bool damaged = false;
   uint32_t epoch = 0;  // when acknowledged
+  // Ring posts: published (the lane's tail stored over the record), by
+  // which process incarnation, and whether a fault excuses its loss (its
+  // lane was scribbled over, or tmpfs went with a power loss).
+  bool ring = false;
+  bool ring_excused = false;
+  uint64_t incarnation = 0;
 };
+
+// A lane of a ring: (uid, lane index).
+using LaneKey = std::pair<uid_t, uint32_t>;
 
 // One process of the running daemon: what a crash destroys.
 struct DaemonProcess {
@@ -72,6 +90,7 @@ struct DaemonProcess {
   std::unique_ptr<daemon::Ingest> ingest;
   std::unique_ptr<SimForwarder> forwarder;
   std::unique_ptr<SimIoLoop> loop;
+  std::unique_ptr<SimRingPort> rings;
   bool stopping = false;
   bool draining = false;  // the ingest is done; the forwarder drains
   Clock::time_point drain_deadline{};
@@ -85,6 +104,7 @@ struct DaemonProcess {
     loop.reset();
     journal.reset();
     spool.reset();
+    rings.reset();
   }
 };
 
@@ -141,6 +161,66 @@ class Client {
   uint64_t seq_ = 0;
 };
 
+// A process of a benign uid that posts through its uid's shared-memory ring
+// as client-lib's RingClient does: it asks the daemon for the ring over the
+// socket once, claims a lane, and then posts one record per call through
+// the real ring::ClaimLane / Append / TakeDoorbell, one step per round, so
+// that it can die between any two of them (after the claim, in the middle
+// of copying the record, after the tail store but before the doorbell,
+// while it waits for the head at `synced`). A post is published when the
+// tail is stored; at `accepted` that is its acknowledgement, at `synced`
+// the lane's head passing it is.
+class RingProducer {
+ public:
+  RingProducer(World* w, uint32_t index, uid_t uid, SimRng rng);
+  void Step(Clock::time_point now, bool producing);
+  // Runs while the daemon is in the middle of a round (the processes are
+  // concurrent): a copy and its doorbell, or a pending doorbell, at once.
+  void Preempt(Clock::time_point now);
+  bool idle() const { return state_ == State::kIdle; }
+  // The process dies (kill -9, or the node lost power).
+  void Die(bool power_loss);
+  uint32_t index() const { return index_; }
+  bool holds(LaneKey k) const { return have_lane_ && k.first == uid_ && k.second == lane_; }
+  // Between its tail store and its doorbell: it is about to ring.
+  bool ringing(LaneKey k) const { return holds(k) && state_ == State::kDoorbell; }
+
+ private:
+  enum class State { kIdle, kAttachWait, kClaim, kCopy, kDoorbell, kAwaitHead };
+  void NewIncarnation();
+  void FailPost(const char* why);
+  void DieMidCopy();
+  void LetGoOfLane();
+  void Published(Clock::time_point now);
+  void Acknowledge();
+
+  World* w_;
+  uint32_t index_;
+  uid_t uid_;
+  pid_t pid_;
+  SimRng rng_;
+  uint32_t interval_ms_;
+  uint32_t budget_ms_;
+  uint64_t start_ticks_ = 0;
+  uint64_t identity_ = 0;
+  uint64_t incarnation_ = 0;
+  ring::Ring ring_;
+  bool have_lane_ = false;
+  uint32_t lane_ = 0;
+  uint64_t tail_ = 0;
+  uint64_t end_ = 0;  // the post's end in the lane, once published
+  int attempt_ = 0;
+  uint64_t sock_ = 0;
+  uint64_t next_request_id_ = 1;
+  Clock::time_point retry_after_{};
+  Clock::time_point deadline_{};
+  Clock::time_point next_post_at_{};
+  State state_ = State::kIdle;
+  PostId post_{};
+  std::vector<std::byte> record_;
+  uint64_t seq_ = 0;
+};
+
 class World {
  public:
   explicit World(const SimOptions& options);
@@ -161,6 +241,33 @@ class World {
   uint32_t slow_writer_ppm_ = 0;
   uint32_t stopped_writer_ppm_ = 0;
   uint64_t spool_segment_bytes_max_ = 16 << 10;
+  // The rings: their memory and the process table, which outlive a daemon
+  // process (tmpfs, /proc).
+  SimRingStore ring_store_;
+  uint64_t next_start_ticks_ = 1;
+  uint32_t producer_kill_ppm_ = 0;
+  uint32_t mid_copy_kill_ppm_ = 0;
+  // Lanes scribbled over: the producers that held them then or claimed them
+  // since; a post published into such a lane may be lost (excused). The
+  // taint ends when the last of them lets go.
+  std::map<LaneKey, std::set<uint32_t>> tainted_;
+  // Lanes ever scribbled over: their head word is no longer the daemon's
+  // cursor, so the stranded check leaves them out.
+  std::set<LaneKey> scribbled_;
+  // Posts published into a lane and maybe not journaled yet (end, id).
+  std::map<LaneKey, std::deque<std::pair<uint64_t, PostId>>> lane_posts_;
+  // Lanes where a producer died after its tail store and before its
+  // doorbell, since the daemon's last round: nothing wakes the loop for it.
+  std::set<LaneKey> quiet_lanes_;
+  // At the last Sleep(): the uids whose quota held their lanes back.
+  std::set<uid_t> unadmitted_at_sleep_;
+  SimRingPort* ring_port() { return dp_ ? dp_->rings.get() : nullptr; }
+  void TaintHolderLeft(LaneKey k, uint32_t producer);
+  void TaintHolderCame(LaneKey k, uint32_t producer);
+  void NotePublished(LaneKey k, uint64_t end, PostId id);
+  // One more post from `client`, framed, appended to *out.
+  PostId MakePost(uint32_t client, uid_t uid, bool hostile, bool invalid, SimRng* rng, uint64_t* seq,
+                  std::vector<std::byte>* out);
 
   void Fail(const std::string& invariant, const std::string& detail);
   void Trace(const char* format, ...) __attribute__((format(printf, 2, 3)));
@@ -185,13 +292,32 @@ class World {
   // Where the copies of a post are now (for failure reports).
   std::string Locate(PostId id);
   void SetFaults(bool on);
+  // Random bytes over a lane (header or data) of some uid's ring, as a
+  // process of that uid may write.
+  void ScribbleRing();
+  // Before a round that only the loop's timeout woke while the ingest
+  // sleeps: no lane may hold a published record that nothing will wake the
+  // loop for.
+  void CheckRingsNotStranded();
+  // Ids the lanes hold between their head and tail (what a restarted
+  // daemon reads again).
+  void RingIds(std::set<PostId>* ids);
+  // Lanes owned by a process that is gone or let go of them.
+  bool DeadLane(std::string* which);
+  // The running daemon's quota holds the uid's lanes back (Ingest::RingAdmits:
+  // room for the largest record, on the disk and in the uid's share).
+  bool RingHeldByQuota(uid_t uid);
+  void CheckRingPosts();
+  void NoteRingMetrics(const daemon::Metrics& m);
 
   SimOptions options_;
   SimResult result_;
   FakeBroker broker_;
   std::unique_ptr<DaemonProcess> dp_;
   std::vector<std::unique_ptr<Client>> clients_;
+  std::vector<std::unique_ptr<RingProducer>> producers_;
   Clock::time_point restart_at_{};
+  Clock::time_point last_daemon_round_{};
   Clock::time_point full_until_{};
   // Per seed.
   FaultRates fs_rates_;
@@ -202,6 +328,7 @@ class World {
   uint32_t clean_stop_per_round_ppm_ = 0;
   uint32_t disk_full_per_round_ppm_ = 0;
   uint32_t journal_damage_per_round_ppm_ = 0;
+  uint32_t scribble_per_round_ppm_ = 0;
   uint64_t fault_ms_ = 0;
   std::set<std::string> failed_invariants_;
 };
@@ -251,31 +378,8 @@ void Client::Die(bool power_loss) {
 
 std::vector<std::byte> Client::MakeRecords(uint32_t n, bool invalid) {
   std::vector<std::byte> out;
-  flatbuffers::FlatBufferBuilder builder(512);
   for (uint32_t i = 0; i < n; ++i) {
-    PostData p;
-    p.id = PostId{(uint64_t{index_} << 32) | 0x5151, ++seq_};
-    p.pub_time_ns = 1700000000000000000 + static_cast<int64_t>(seq_);
-    if (!rng_.OneIn(4)) p.base_url = "sftp://node/";
-    p.rel_path = "u" + std::to_string(uid_) + "/c" + std::to_string(index_) + "/p" +
-                 std::to_string(seq_);
-    if (invalid) p.rel_path += std::string(1, '\0');  // ValidatePost refuses a NUL
-    p.size = static_cast<int64_t>(rng_.Below(1 << 20));
-    p.mode = 0644;
-    if (rng_.OneIn(3)) p.extras.emplace_back("pad", std::string(rng_.Range(1, 900), 'x'));
-    if (rng_.OneIn(4)) p.extras.emplace_back("pad2", std::string(rng_.Range(1, 1000), 'y'));
-    BuildPost(p, &builder);
-    const auto span = builder.GetBufferSpan();
-    if (!segment::AppendRecord(std::as_bytes(std::span(span.data(), span.size())), &out).ok()) {
-      std::abort();
-    }
-    PostInfo& info = w_->posts_[p.id];
-    info.client = index_;
-    info.uid = uid_;
-    info.rel_path = p.rel_path;
-    info.hostile = hostile_;
-    posts_.push_back(p.id);
-    ++w_->stats_.posts_made;
+    posts_.push_back(w_->MakePost(index_, uid_, hostile_, invalid, &rng_, &seq_, &out));
   }
   return out;
 }
@@ -555,6 +659,230 @@ void Client::Step(Clock::time_point now, bool producing) {
   }
 }
 
+
+// --- RingProducer ---------------------------------------------------------------------
+
+RingProducer::RingProducer(World* w, uint32_t index, uid_t uid, SimRng rng)
+    : w_(w), index_(index), uid_(uid), pid_(static_cast<pid_t>(20000 + index)), rng_(rng) {
+  interval_ms_ = static_cast<uint32_t>(rng_.Range(1, 20));
+  static constexpr uint32_t kBudgets[] = {1, 5, 20, 200};
+  budget_ms_ = kBudgets[rng_.Below(4)];
+  NewIncarnation();
+}
+
+void RingProducer::NewIncarnation() {
+  start_ticks_ = w_->next_start_ticks_++;
+  // Sometimes the same pid again: only the start time tells the owners apart.
+  if (!rng_.OneIn(2)) pid_ += 1000;
+  identity_ = ring::MakeIdentity(pid_, start_ticks_);
+  w_->ring_store_.Started(identity_);
+  incarnation_ = (uint64_t{index_} << 32) | start_ticks_;
+}
+
+void RingProducer::LetGoOfLane() {
+  if (have_lane_) w_->TaintHolderLeft(LaneKey{uid_, lane_}, index_);
+  have_lane_ = false;
+}
+
+void RingProducer::FailPost(const char* why) {
+  // The real client takes the socket or the spool next; those paths are
+  // the socket clients' to test. This post is not the ring's.
+  w_->stats_.Fault(std::string("ring.unavailable.") + why);
+  w_->posts_[post_].failed = true;
+  ++w_->stats_.posts_failed;
+  record_.clear();
+  state_ = State::kIdle;
+}
+
+void RingProducer::Die(bool power_loss) {
+  if (state_ == State::kDoorbell && have_lane_ && !power_loss) {
+    w_->quiet_lanes_.insert(LaneKey{uid_, lane_});
+  }
+  LetGoOfLane();
+  if (sock_ != 0) w_->node_.ClientClose(sock_);
+  sock_ = 0;
+  w_->ring_store_.Exited(identity_);
+  ring_ = ring::Ring();
+  state_ = State::kIdle;
+  record_.clear();
+  retry_after_ = Clock::time_point{};
+  NewIncarnation();
+}
+
+void RingProducer::DieMidCopy() {
+  // The record's bytes (and a wrap marker) are partly in the lane, the
+  // tail is not stored: Append does all of it, then the part the process
+  // did not get to, and the tail store, are undone.
+  const uint64_t size = ring_.lane_bytes();
+  const std::vector<std::byte> before(ring_.data(lane_), ring_.data(lane_) + size);
+  const uint64_t t0 = tail_;
+  if (ring::Append(ring_, lane_, &tail_, record_) == ring::AppendResult::kAppended) {
+    const uint64_t cut = t0 + rng_.Below(tail_ - t0);
+    for (uint64_t x = cut; x < tail_; ++x) ring_.data(lane_)[x % size] = before[x % size];
+    ring_.tail(lane_).store(t0, std::memory_order_release);
+    tail_ = t0;
+  }
+  w_->stats_.Fault("ring.producer_killed_mid_copy");
+  Die(false);
+}
+
+void RingProducer::Published(Clock::time_point now) {
+  (void)now;
+  PostInfo& p = w_->posts_[post_];
+  p.ring = true;
+  p.incarnation = incarnation_;
+  ++w_->stats_.ring["posts_published"];
+  w_->Trace("producer %u published %" PRIu64 " in lane %u of uid %u (tail %" PRIu64 ")", index_,
+            post_.lo, lane_, static_cast<unsigned>(uid_), end_);
+  w_->NotePublished(LaneKey{uid_, lane_}, end_, post_);
+  if (ring_.durability().load(std::memory_order_relaxed) != ring::kDurabilitySynced) Acknowledge();
+}
+
+void RingProducer::Acknowledge() {
+  PostInfo& p = w_->posts_[post_];
+  if (p.acknowledged) return;
+  p.acknowledged = true;
+  p.epoch = w_->epoch_;
+  ++w_->stats_.posts_acknowledged;
+  ++w_->stats_.ring["posts_acknowledged"];
+}
+
+void RingProducer::Preempt(Clock::time_point now) {
+  if (state_ == State::kCopy) {
+    ++w_->stats_.ring["producer_steps_within_a_round"];
+    Step(now, false);
+  }
+  if (state_ == State::kDoorbell) Step(now, false);
+}
+
+void RingProducer::Step(Clock::time_point now, bool producing) {
+  if (w_->faults_on_ && producing && rng_.Ppm(w_->producer_kill_ppm_)) {
+    static const char* kWhere[] = {"idle",        "awaiting_ring",   "before_claim",
+                                   "after_claim", "before_doorbell", "awaiting_head"};
+    w_->stats_.Fault(std::string("ring.producer_killed_") + kWhere[static_cast<int>(state_)]);
+    Die(false);
+    return;
+  }
+  SimNode& node = w_->node_;
+  switch (state_) {
+    case State::kIdle: {
+      if (!producing || now < next_post_at_) return;
+      next_post_at_ = now + milliseconds(rng_.Range(0, 2 * interval_ms_));
+      // The ring was refused a moment ago: this post would take the socket
+      // (the socket clients' path), so none is made.
+      if (!ring_.valid() && now < retry_after_) return;
+      record_.clear();
+      post_ = w_->MakePost(index_, uid_, false, false, &rng_, &seq_, &record_);
+      attempt_ = 0;
+      if (ring_.valid()) {
+        state_ = State::kClaim;
+        return;
+      }
+      // Ask the daemon for the ring (a request with no records).
+      if (node.Connect(daemon::PeerCred{uid_, uid_, pid_}, 2, &sock_) != 0) {
+        sock_ = 0;
+        retry_after_ = now + kRingRetryAfter;
+        return FailPost("no_daemon");
+      }
+      std::array<std::byte, wire::kRequestHeaderBytes> header;
+      wire::EncodeRequestHeader(wire::RequestHeader{wire::kProtocolVersion, 0, next_request_id_++},
+                                header);
+      node.Socket(sock_)->to_daemon.emplace_back(header.begin(), header.end());
+      deadline_ = now + milliseconds(budget_ms_);
+      state_ = State::kAttachWait;
+      return;
+    }
+    case State::kAttachWait: {
+      SimSocket* s = node.Socket(sock_);
+      bool accepted = false;
+      if (!s->to_client.empty()) {
+        wire::Ack ack;
+        accepted = wire::DecodeAck(s->to_client.front(), &ack) &&
+                   ack.status == wire::AckStatus::kAccepted;
+      } else if (!s->daemon_closed && now < deadline_) {
+        return;
+      }
+      node.ClientClose(sock_);
+      sock_ = 0;
+      if (accepted) ring_ = w_->ring_store_.Get(uid_);  // the descriptor the daemon passed
+      if (!ring_.valid()) {
+        retry_after_ = now + kRingRetryAfter;
+        return FailPost("refused");
+      }
+      state_ = State::kClaim;
+      return;
+    }
+    case State::kClaim:
+      if (!have_lane_) {
+        if (!ring::ClaimLane(ring_, identity_, static_cast<uint32_t>(pid_), &lane_, &tail_)) {
+          return FailPost("no_free_lane");
+        }
+        have_lane_ = true;
+        w_->TaintHolderCame(LaneKey{uid_, lane_}, index_);
+      }
+      state_ = State::kCopy;
+      return;
+    case State::kCopy: {
+      if (w_->faults_on_ && producing && rng_.Ppm(w_->mid_copy_kill_ppm_)) return DieMidCopy();
+      switch (ring::Append(ring_, lane_, &tail_, record_)) {
+        case ring::AppendResult::kAppended:
+          end_ = tail_;
+          Published(now);
+          state_ = State::kDoorbell;
+          return;
+        case ring::AppendResult::kFull:
+          return FailPost("lane_full");
+        case ring::AppendResult::kTooBig:
+          return FailPost("too_big");
+        case ring::AppendResult::kBroken:
+          w_->stats_.Fault("ring.lane_broken_seen_by_producer");
+          ring::ReleaseLane(ring_, lane_, identity_);
+          LetGoOfLane();
+          if (attempt_++ == 0) {
+            state_ = State::kClaim;
+            return;
+          }
+          return FailPost("lanes_damaged");
+      }
+      return;
+    }
+    case State::kDoorbell: {
+      SimRingPort* port = w_->ring_port();
+      const bool rang = ring::TakeDoorbell(ring_);
+      w_->Trace("producer %u: doorbell %s", index_, rang ? "rung" : "not set");
+      if (rang) {
+        ++w_->stats_.ring["doorbells_rung"];
+        if (port != nullptr) port->Ring();  // FUTEX_WAKE
+      } else if (port != nullptr && port->asleep_unrung()) {
+        w_->Fail("ring_no_lost_wakeup",
+                 "producer " + std::to_string(index_) + " published into lane " +
+                     std::to_string(lane_) + " of uid " + std::to_string(uid_) +
+                     " while the ingest sleeps, and found the doorbell not set");
+      }
+      if (ring_.durability().load(std::memory_order_relaxed) == ring::kDurabilitySynced) {
+        deadline_ = now + milliseconds(budget_ms_);
+        state_ = State::kAwaitHead;
+        return;
+      }
+      state_ = State::kIdle;
+      return;
+    }
+    case State::kAwaitHead: {
+      const uint64_t head = ring_.head(lane_).load(std::memory_order_acquire);
+      if (head >= end_ && head - end_ < ring_.lane_bytes()) {
+        Acknowledge();
+        state_ = State::kIdle;
+      } else if (now >= deadline_) {
+        // kNotSynced: the real client spools a copy; this one leaves it to
+        // the ring (it was published, so it must arrive all the same).
+        w_->stats_.Fault("ring.not_synced_within_budget");
+        state_ = State::kIdle;
+      }
+      return;
+    }
+  }
+}
+
 // --- World ----------------------------------------------------------------------------
 
 std::string Hex(PostId id) {
@@ -569,6 +897,245 @@ World::World(const SimOptions& options)
       options_(options),
       broker_(SimRng(options.seed ^ 0xbb67ae8584caa73bull), &stats_) {
   result_.seed = options.seed;
+}
+
+PostId World::MakePost(uint32_t client, uid_t uid, bool hostile, bool invalid, SimRng* rng,
+                       uint64_t* seq, std::vector<std::byte>* out) {
+  flatbuffers::FlatBufferBuilder builder(512);
+  PostData p;
+  p.id = PostId{(uint64_t{client} << 32) | 0x5151, ++*seq};
+  p.pub_time_ns = 1700000000000000000 + static_cast<int64_t>(*seq);
+  if (!rng->OneIn(4)) p.base_url = "sftp://node/";
+  p.rel_path = "u" + std::to_string(uid) + "/c" + std::to_string(client) + "/p" + std::to_string(*seq);
+  if (invalid) p.rel_path += std::string(1, '\0');  // ValidatePost refuses a NUL
+  p.size = static_cast<int64_t>(rng->Below(1 << 20));
+  p.mode = 0644;
+  if (rng->OneIn(3)) p.extras.emplace_back("pad", std::string(rng->Range(1, 900), 'x'));
+  if (rng->OneIn(4)) p.extras.emplace_back("pad2", std::string(rng->Range(1, 1000), 'y'));
+  BuildPost(p, &builder);
+  const auto span = builder.GetBufferSpan();
+  if (!segment::AppendRecord(std::as_bytes(std::span(span.data(), span.size())), out).ok()) {
+    std::abort();
+  }
+  PostInfo& info = posts_[p.id];
+  info.client = client;
+  info.uid = uid;
+  info.rel_path = p.rel_path;
+  info.hostile = hostile;
+  ++stats_.posts_made;
+  return p.id;
+}
+
+void World::TaintHolderCame(LaneKey k, uint32_t producer) {
+  auto it = tainted_.find(k);
+  if (it != tainted_.end()) it->second.insert(producer);
+}
+
+void World::TaintHolderLeft(LaneKey k, uint32_t producer) {
+  auto it = tainted_.find(k);
+  if (it == tainted_.end()) return;
+  it->second.erase(producer);
+  if (it->second.empty()) tainted_.erase(it);
+}
+
+void World::NotePublished(LaneKey k, uint64_t end, PostId id) {
+  auto& q = lane_posts_[k];
+  const ring::Ring r = ring_store_.Get(k.first);
+  const uint64_t head = r.valid() ? r.head(k.second).load(std::memory_order_relaxed) : 0;
+  while (!q.empty() && (q.front().first <= head || q.size() > 4096)) q.pop_front();
+  q.emplace_back(end, id);
+  if (tainted_.count(k) != 0) posts_[id].ring_excused = true;
+}
+
+void World::ScribbleRing() {
+  const std::vector<uid_t> uids = ring_store_.uids();
+  if (uids.empty()) return;
+  const uid_t uid = uids[rng_.Below(uids.size())];
+  const ring::Ring r = ring_store_.Get(uid);
+  if (!r.valid()) return;
+  const std::span<std::byte> mem = ring_store_.Memory(uid);
+  const uint32_t lane = static_cast<uint32_t>(rng_.Below(r.lane_count()));
+  const uint64_t lane_off = r.data(lane) - mem.data() - ring::kLaneHeaderBytes;
+  const bool header = rng_.OneIn(3);
+  uint64_t off, len;
+  if (header) {
+    // Mostly the words the two sides read: owner, tail, state, head.
+    static constexpr uint64_t kWords[] = {ring::kLaneOwner, ring::kLaneTail, ring::kLaneState,
+                                          ring::kLaneHead};
+    off = lane_off + (rng_.OneIn(4) ? rng_.Below(ring::kLaneHeaderBytes - 8) : kWords[rng_.Below(4)]);
+    len = rng_.Range(1, 8);
+  } else {
+    off = lane_off + ring::kLaneHeaderBytes + rng_.Below(r.lane_bytes());
+    len = std::min<uint64_t>(rng_.Range(1, 64), lane_off + ring::kLaneHeaderBytes + r.lane_bytes() - off);
+  }
+  for (uint64_t i = 0; i < len; ++i) mem[off + i] = static_cast<std::byte>(rng_.Next());
+  const LaneKey k{uid, lane};
+  scribbled_.insert(k);
+  // The lane's posts not yet journaled may be lost, and so may those of
+  // whoever holds it until the last of them lets go.
+  uint64_t hit = 0;
+  for (const auto& [end, id] : lane_posts_[k]) {
+    PostInfo& p = posts_[id];
+    if (!p.ring_excused) ++hit;
+    p.ring_excused = true;
+  }
+  lane_posts_[k].clear();
+  std::set<uint32_t> holders;
+  for (const auto& pr : producers_) {
+    if (pr->holds(k)) holders.insert(pr->index());
+  }
+  if (!holders.empty()) tainted_[k].insert(holders.begin(), holders.end());
+  stats_.Fault(header ? "ring.scribble_lane_header" : "ring.scribble_lane_data");
+  stats_.Fault("exempt.ring_posts_in_scribbled_lanes", hit);
+  Trace("scribbled %" PRIu64 " bytes over lane %u of uid %u's ring (%s)", len, lane,
+        static_cast<unsigned>(uid), header ? "header" : "data");
+}
+
+void World::CheckRingsNotStranded() {
+  SimRingPort* port = ring_port();
+  for (const auto& e : port->rings()) {
+    if (unadmitted_at_sleep_.count(e.uid) != 0) continue;  // the quota holds them back
+    for (uint32_t l = 0; l < e.ring.lane_count(); ++l) {
+      const LaneKey k{e.uid, l};
+      if (e.ring.owner(l).load(std::memory_order_relaxed) == 0) continue;
+      if (e.ring.state(l).load(std::memory_order_relaxed) != ring::kLaneOk) continue;
+      if (tainted_.count(k) != 0 || quiet_lanes_.count(k) != 0 || scribbled_.count(k) != 0) continue;
+      bool ringing = false;
+      for (const auto& pr : producers_) ringing = ringing || pr->ringing(k);
+      if (ringing) continue;
+      const uint64_t tail = e.ring.tail(l).load(std::memory_order_relaxed);
+      const uint64_t head = e.ring.head(l).load(std::memory_order_relaxed);
+      if (tail != head) {
+        Fail("ring_no_lost_wakeup",
+             "the ingest sleeps, nobody rang, and lane " + std::to_string(l) + " of uid " +
+                 std::to_string(e.uid) + " holds published records it has not read (head " +
+                 std::to_string(head) + ", tail " + std::to_string(tail) + ")");
+        return;
+      }
+    }
+  }
+}
+
+void World::RingIds(std::set<PostId>* ids) {
+  std::vector<std::byte> buffer;
+  for (uid_t uid : ring_store_.uids()) {
+    const ring::Ring r = ring_store_.Get(uid);
+    for (uint32_t l = 0; r.valid() && l < r.lane_count(); ++l) {
+      if (r.owner(l).load(std::memory_order_relaxed) == 0) continue;
+      const uint64_t head = r.head(l).load(std::memory_order_relaxed);
+      uint64_t read = head;
+      uint64_t tail = 0;
+      if (!ring::LoadTail(r, l, head, read, &tail)) continue;
+      for (int n = 0; n < 100000; ++n) {
+        std::span<const std::byte> payload;
+        const char* why = nullptr;
+        if (ring::ReadRecord(r, l, &read, tail, &buffer, &payload, &why) != ring::ReadResult::kRecord) {
+          break;
+        }
+        if (!VerifyPostPayload(payload)) break;
+        const fb::PostId* id = PostFromPayload(payload).id();
+        ids->insert(PostId{id->hi(), id->lo()});
+      }
+    }
+  }
+}
+
+bool World::RingHeldByQuota(uid_t uid) {
+  if (!dp_) return false;
+  const uint64_t largest = segment::RecordBytes(segment::kRecordPayloadMax);
+  return dp_->ingest->DiskBytes() + largest > config_.disk_bytes_max ||
+         dp_->ingest->UidBytes(uid) + largest > config_.disk_bytes_per_uid_max;
+}
+
+bool World::DeadLane(std::string* which) {
+  for (uid_t uid : ring_store_.uids()) {
+    if (RingHeldByQuota(uid)) continue;  // cannot drain, so cannot be freed
+    const ring::Ring r = ring_store_.Get(uid);
+    for (uint32_t l = 0; r.valid() && l < r.lane_count(); ++l) {
+      const uint64_t owner = r.owner(l).load(std::memory_order_relaxed);
+      const uint64_t head = r.head(l).load(std::memory_order_relaxed);
+      const uint64_t tail = r.tail(l).load(std::memory_order_relaxed);
+      if (owner == 0 && (head != tail || tail % segment::kRecordAlign != 0 ||
+                         r.state(l).load(std::memory_order_relaxed) != ring::kLaneOk)) {
+        // Free, but a producer's claim hands it back (a scribbled word).
+        // The daemon must then repair it: a probe claims as a producer
+        // would, and lets go of whatever lane it got.
+        *which = "lane " + std::to_string(l) + " of uid " + std::to_string(uid) +
+                 " is free but never claimable (head " + std::to_string(head) + ", tail " +
+                 std::to_string(tail) + ", state " +
+                 std::to_string(r.state(l).load(std::memory_order_relaxed)) + ")";
+        const uint64_t probe = ring::MakeIdentity(30000, next_start_ticks_++);
+        uint32_t got = 0;
+        uint64_t at = 0;
+        if (ring::ClaimLane(r, probe, l, &got, &at)) ring::ReleaseLane(r, got, probe);
+        ++stats_.ring["claim_probes_of_unclaimable_lanes"];
+        return true;
+      }
+      if (owner == 0 || ((owner & ring::kReleasedBit) == 0 && ring_store_.Alive(owner))) continue;
+      *which = "lane " + std::to_string(l) + " of uid " + std::to_string(uid) + " is owned by " +
+               ((owner & ring::kReleasedBit) != 0 ? "a process that released it" : "a dead process") +
+               " (pid " + std::to_string(ring::IdentityPid(owner)) + ", state " +
+               std::to_string(r.state(l).load(std::memory_order_relaxed)) + ", head " +
+               std::to_string(r.head(l).load(std::memory_order_relaxed)) + ", tail " +
+               std::to_string(r.tail(l).load(std::memory_order_relaxed)) + ")";
+      return true;
+    }
+  }
+  return false;
+}
+
+void World::CheckRingPosts() {
+  // Exactly once, and in order per producer process, in what the
+  // forwarder published.
+  const auto& ledger = broker_.ledger();
+  std::map<uint64_t, std::pair<PostId, JournalPosition>> last_of;  // by incarnation
+  uint64_t twice = 0;
+  for (const auto& [id, p] : posts_) {  // ids ascend with the producer's sequence
+    if (!p.ring || p.ring_excused) continue;
+    auto l = ledger.find(id);
+    if (l == ledger.end() || l->second.positions.empty()) continue;  // drains reports it
+    if (l->second.positions.size() > 1) {
+      // A crash between the journal write and the head's move reads the
+      // lane again; the dedupe set (its window and the two newest segments
+      // a restart remembers) must catch it.
+      if (config_.dedupe_window_posts < 2 * config_.batch_records_max) {
+        ++twice;
+      } else {
+        Fail("ring_journaled_once",
+             "ring post " + Hex(id) + " (producer " + std::to_string(p.client) +
+                 ") was journaled " + std::to_string(l->second.positions.size()) +
+                 " times; copies:" + Locate(id));
+      }
+      continue;
+    }
+    const JournalPosition pos = l->second.positions.front();
+    auto it = last_of.find(p.incarnation);
+    if (it != last_of.end() && !(it->second.second < pos)) {
+      Fail("ring_order_per_producer",
+           "ring post " + Hex(id) + " of producer " + std::to_string(p.client) +
+               " was journaled at " + std::to_string(pos.segment_seq) + ":" +
+               std::to_string(pos.offset) + ", before its earlier post " + Hex(it->second.first) +
+               " at " + std::to_string(it->second.second.segment_seq) + ":" +
+               std::to_string(it->second.second.offset));
+    }
+    last_of[p.incarnation] = {id, pos};
+  }
+  if (twice > 0) stats_.Fault("exempt.ring_posts_journaled_twice_small_dedupe_window", twice);
+  std::string which;
+  if (DeadLane(&which)) Fail("ring_dead_lanes_reclaimed", which);
+}
+
+void World::NoteRingMetrics(const daemon::Metrics& m) {
+  auto add = [this](const char* k, const daemon::Metrics::Counter& c) {
+    stats_.ring[k] += c.load(std::memory_order_relaxed);
+  };
+  add("daemon.posts_journaled", m.ring_posts_journaled_total);
+  add("daemon.posts_deduplicated", m.ring_posts_deduplicated_total);
+  add("daemon.posts_invalid", m.ring_posts_invalid_total);
+  add("daemon.lanes_damaged", m.ring_lanes_damaged_total);
+  add("daemon.lanes_reclaimed", m.ring_lanes_reclaimed_total);
+  add("daemon.requests", m.ring_requests_total);
+  add("daemon.requests_refused", m.ring_requests_refused_total);
 }
 
 void World::Trace(const char* format, ...) {
@@ -618,6 +1185,12 @@ void World::ChooseConfig() {
   set("reconnect_delay_initial_ms", num(rng_.Range(5, 100)));
   set("reconnect_delay_max_ms", num(rng_.Range(200, 2000)));
   set("checkpoint_interval_ms", num(rng_.OneIn(3) ? rng_.Range(10, 1000) : 200));
+  // Small rings, so that lanes run out, fill, wrap and refuse big posts.
+  set("ring_lanes", num(rng_.Range(1, 6)));
+  set("ring_lane_bytes", num(4096u << rng_.Below(3)));
+  set("ring_uids_max", num(rng_.OneIn(6) ? rng_.Range(1, 2) : 64));
+  set("ring_lane_records_per_round", num(rng_.OneIn(3) ? rng_.Range(1, 4) : 256));
+  set("ring_poll_us", num(rng_.Range(0, 3000)));
   if (Status s = daemon::ParseConfig(text, "simulation", &config_); !s.ok()) {
     std::fprintf(stderr, "the simulation made a configuration the daemon refuses: %s\n",
                  s.ToString().c_str());
@@ -658,6 +1231,9 @@ void World::ChooseConfig() {
   slow_writer_ppm_ = static_cast<uint32_t>(rng_.Range(0, 30000));
   stopped_writer_ppm_ = static_cast<uint32_t>(rng_.Range(0, 2000));
   fault_ms_ = rng_.Range(1000, 4000);
+  producer_kill_ppm_ = static_cast<uint32_t>(rng_.Range(0, 3000));
+  mid_copy_kill_ppm_ = static_cast<uint32_t>(rng_.Range(0, 20000));
+  scribble_per_round_ppm_ = rng_.OneIn(3) ? static_cast<uint32_t>(rng_.Range(0, 3000)) : 0;
 
   const uint32_t uids = static_cast<uint32_t>(rng_.Range(1, 4));
   for (uint32_t i = 0; i < uids; ++i) benign_uids_.push_back(1000 + i);
@@ -671,15 +1247,23 @@ void World::ChooseConfig() {
     clients_.push_back(std::make_unique<Client>(this, static_cast<uint32_t>(clients_.size()),
                                                 kHostileUid, true, rng_.Fork()));
   }
+  const uint32_t ringed = rng_.OneIn(4) ? 0 : static_cast<uint32_t>(rng_.Range(1, 3));
+  for (uint32_t i = 0; i < ringed; ++i) {
+    producers_.push_back(std::make_unique<RingProducer>(
+        this, static_cast<uint32_t>(clients_.size() + producers_.size()),
+        benign_uids_[rng_.Below(uids)], rng_.Fork()));
+  }
 
-  char buf[768];
+  char buf[1024];
   std::snprintf(
       buf, sizeof buf,
       "durability=%s batch_records_max=%u batch_bytes_max=%llu scan_entries_max=%u "
       "read_bytes_max=%llu segment_bytes_max=%llu disk_bytes_max=%llu per_uid=%llu "
       "quarantine_max=%llu dedupe=%u window=%u policy=%s checkpoint_interval_ms=%u "
       "connections_max=%u/%u fs_faults=x%u broker_faults=x%u crash_ppm=%u kill_ppm=%u "
-      "clients=%u+%u hostile fault_ms=%llu",
+      "clients=%u+%u hostile ring_producers=%u ring_lanes=%ux%u uids_max=%u "
+      "lane_records_per_round=%u poll_us=%u producer_kill_ppm=%u mid_copy_kill_ppm=%u "
+      "scribble_ppm=%u fault_ms=%llu",
       daemon::DurabilityName(c.durability), c.batch_records_max,
       static_cast<unsigned long long>(c.batch_bytes_max), c.spool_scan_entries_max,
       static_cast<unsigned long long>(c.spool_read_bytes_max),
@@ -689,7 +1273,9 @@ void World::ChooseConfig() {
       static_cast<unsigned long long>(c.quarantine_bytes_max), c.dedupe_window_posts,
       c.publish_window_max, c.unroutable_policy == daemon::UnroutablePolicy::kDrop ? "drop" : "retry",
       c.checkpoint_interval_ms, c.connections_max, c.connections_per_uid_max, k, b, crash_ppm_,
-      kill_per_round_ppm_, benign, hostile, static_cast<unsigned long long>(fault_ms_));
+      kill_per_round_ppm_, benign, hostile, ringed, c.ring_lanes, c.ring_lane_bytes,
+      c.ring_uids_max, c.ring_lane_records_per_round, c.ring_poll_us, producer_kill_ppm_,
+      mid_copy_kill_ppm_, scribble_per_round_ppm_, static_cast<unsigned long long>(fault_ms_));
   result_.config = buf;
 }
 
@@ -734,10 +1320,32 @@ void World::StartDaemon() {
   dp->spool->Open();
   daemon::RecentIds::Key key;
   for (auto& b : key) b = static_cast<unsigned char>(rng_.Next());
+  dp->rings = std::make_unique<SimRingPort>(config_, &ring_store_);
+  dp->rings->set_on_entries([this] {
+    if (!producers_.empty() && rng_.OneIn(16)) {
+      producers_[rng_.Below(producers_.size())]->Preempt(node_.clock.Now());
+    }
+  });
   dp->ingest = std::make_unique<daemon::Ingest>(
       config_, &dp->metrics,
-      daemon::Ingest::Ports{&node_.clock, dp->journal.get(), dp->spool.get()}, "simhost", key,
-      rng_.Next());
+      daemon::Ingest::Ports{&node_.clock, dp->journal.get(), dp->spool.get(), dp->rings.get()},
+      "simhost", key, rng_.Next());
+  {
+    // What MaybeSleep's RingAdmits decided, noted when it sleeps.
+    daemon::Ingest* ingest = dp->ingest.get();
+    SimRingPort* port = dp->rings.get();
+    dp->rings->set_on_sleep([this, ingest, port] {
+      Trace("the ingest sleeps");
+      unadmitted_at_sleep_.clear();
+      const uint64_t largest = segment::RecordBytes(segment::kRecordPayloadMax);
+      for (const auto& e : port->rings()) {
+        if (ingest->DiskBytes() + largest > config_.disk_bytes_max ||
+            ingest->UidBytes(e.uid) + largest > config_.disk_bytes_per_uid_max) {
+          unadmitted_at_sleep_.insert(e.uid);
+        }
+      }
+    });
+  }
   // Daemon::RememberJournaledIds: the two newest segments before the new one.
   if (config_.dedupe_window_posts != 0) {
     std::vector<uint64_t> seqs = ListJournalSegments(fs);
@@ -791,6 +1399,7 @@ void World::Crash() {
   const bool checkpoint_faulted = dp_ && dp_->forwarder->checkpoint_faulted();
   if (dp_) {
     dp_->loop->CrashInFlight();
+    NoteRingMetrics(dp_->metrics);
     dp_.reset();
   }
   node_.DaemonDied();
@@ -798,7 +1407,23 @@ void World::Crash() {
   if (power_loss) {
     ++stats_.power_losses;
     for (auto& c : clients_) c->Die(true);  // the whole node went down
+    for (auto& p : producers_) p->Die(true);
     fs.PowerLoss();
+    // tmpfs too: what the rings held and nobody saw journaled (at `synced`
+    // no producer was told it was) is gone.
+    ring_store_.Wipe();
+    uint64_t lost = 0;
+    for (auto& [id, p] : posts_) {
+      if (p.ring && !p.acknowledged && !p.ring_excused) {
+        p.ring_excused = true;
+        ++lost;
+      }
+    }
+    stats_.Fault("exempt.ring_posts_lost_with_power", lost);
+    lane_posts_.clear();
+    tainted_.clear();
+    scribbled_.clear();
+    quiet_lanes_.clear();
   }
   fs.ReviveDaemon();
   fs.Collect();
@@ -817,6 +1442,7 @@ void World::Crash() {
 
 void World::FinishCleanStop() {
   dp_->forwarder->Stop(node_.clock.Now());
+  NoteRingMetrics(dp_->metrics);
   const bool died = node_.fs.daemon_dead();
   dp_.reset();
   node_.DaemonDied();
@@ -842,6 +1468,7 @@ std::set<PostId> World::Recoverable(bool* spool_pending_benign) {
     ReadRecords(fs.Get(ino)->data, seq == cp.segment_seq ? cp.offset : 0,
                 [&](const fb::Post& p, uint64_t, uint64_t) { ids.insert(PostId{p.id()->hi(), p.id()->lo()}); });
   }
+  RingIds(&ids);  // ring memory survives a daemon crash
   if (spool_pending_benign != nullptr) *spool_pending_benign = false;
   for (const auto& [name, ino] : fs.List(kSpoolDir)) {
     const auto parsed = segment::ParseSpoolName(name);
@@ -907,13 +1534,13 @@ void World::CheckRecoverable(const std::string& when) {
   const std::set<PostId> ids = Recoverable(nullptr);
   const auto& ledger = broker_.ledger();
   for (const auto& [id, p] : posts_) {
-    if (!p.acknowledged || p.hostile || p.damaged) continue;
+    if ((!p.acknowledged && !p.ring) || p.hostile || p.damaged || p.ring_excused) continue;
     auto l = ledger.find(id);
     if (l != ledger.end() && (l->second.confirmed || l->second.dropped)) continue;
     if (ids.count(id) != 0) continue;
     Fail("acknowledged_is_recoverable",
          "after " + when + ": post " + Hex(id) + " (client " + std::to_string(p.client) + ", " +
-             (p.via_spool ? "spooled" : "socket") + ", acknowledged in epoch " +
+             (p.ring ? "ring" : p.via_spool ? "spooled" : "socket") + ", acknowledged in epoch " +
              std::to_string(p.epoch) +
              ") is neither confirmed, nor in the journal after the stored checkpoint, nor in "
              "the spool; copies:" + Locate(id));
@@ -1031,12 +1658,21 @@ bool World::Drained(std::string* why) {
       return false;
     }
   }
+  for (const auto& pr : producers_) {
+    if (!pr->idle()) {
+      *why = "a ring producer is still posting";
+      return false;
+    }
+  }
+  if (DeadLane(why)) return false;
   const auto& ledger = broker_.ledger();
   for (const auto& [id, p] : posts_) {
-    if (!p.acknowledged || p.hostile || p.damaged) continue;
+    if ((!p.acknowledged && !p.ring) || p.hostile || p.damaged || p.ring_excused) continue;
     auto l = ledger.find(id);
     if (l == ledger.end() || !(l->second.confirmed || l->second.dropped)) {
-      *why = "acknowledged post " + Hex(id) + " (" + (p.via_spool ? "spooled" : "socket") +
+      if (p.ring && RingHeldByQuota(p.uid)) continue;  // counted at the end
+      *why = "acknowledged post " + Hex(id) + " (" +
+             (p.ring ? "ring" : p.via_spool ? "spooled" : "socket") +
              ") is not confirmed; copies:" + Locate(id);
       return false;
     }
@@ -1067,9 +1703,11 @@ void World::Round(bool producing) {
     }
     node_.fs.set_full(now < full_until_);
     if (rng_.Ppm(journal_damage_per_round_ppm_)) DamageJournal();
+    if (rng_.Ppm(scribble_per_round_ppm_)) ScribbleRing();
   }
   broker_.Step(now);
   for (auto& c : clients_) c->Step(now, producing);
+  for (auto& p : producers_) p->Step(now, producing);
 
   if (!dp_) {
     if (now >= restart_at_) StartDaemon();
@@ -1078,9 +1716,27 @@ void World::Round(bool producing) {
   SimFs& fs = node_.fs;
   if (!dp_->draining) {
     // After the Ingest is done the daemon runs no more rounds; only its
-    // forwarder drains.
-    if (Status s = dp_->loop->RunOnce(0); !s.ok()) std::abort();
-    if (!fs.daemon_dead()) CheckBoundedWork();
+    // forwarder drains. While the ingest sleeps (it said so to the
+    // RingPort), the loop waits for an event, a doorbell or its timeout.
+    bool run = true;
+    // With no write in flight, no lane is in a batch: every lane the
+    // ingest may read is read to its tail and journaled to it.
+    if (dp_->rings->asleep_unrung() && !dp_->loop->HasIo()) CheckRingsNotStranded();
+    if (dp_->rings->asleep_unrung() && !dp_->loop->HasEvents() && !node_.spool_changed &&
+        !dp_->stopping) {
+      if (now - last_daemon_round_ < kRoundTimeout) {
+        run = false;
+        ++stats_.ring["rounds_slept"];
+      } else {
+        ++stats_.ring["timeout_rounds_while_asleep"];
+      }
+    }
+    if (run) {
+      if (Status s = dp_->loop->RunOnce(0); !s.ok()) std::abort();
+      last_daemon_round_ = now;
+      quiet_lanes_.clear();
+      if (!fs.daemon_dead()) CheckBoundedWork();
+    }
   }
   const int steps = 1 + static_cast<int>(rng_.Below(3));
   for (int i = 0; i < steps && !fs.daemon_dead(); ++i) {
@@ -1153,14 +1809,22 @@ SimResult World::Run() {
   for (const auto& [id, p] : posts_) {
     auto l = ledger.find(id);
     if (l != ledger.end() && l->second.confirmed) ++stats_.posts_confirmed;
-    if (!p.acknowledged || p.hostile || p.damaged) continue;
+    if ((!p.acknowledged && !p.ring) || p.hostile || p.damaged || p.ring_excused) continue;
     if (l != ledger.end() && l->second.dropped && !l->second.confirmed) {
       ++dropped;
       continue;
     }
     if (l == ledger.end() || !l->second.confirmed) {
+      if (p.ring && RingHeldByQuota(p.uid)) {
+        // The disk is within the largest record of disk_bytes_max (the
+        // current journal segment's confirmed bytes count until it rolls
+        // over): the ring is not drained, its posts wait in it.
+        stats_.Fault("exempt.ring_posts_held_by_full_disk");
+        continue;
+      }
       Fail("acknowledged_is_confirmed", "post " + Hex(id) + " (client " + std::to_string(p.client) +
-                                            ", " + (p.via_spool ? "spooled" : "socket") +
+                                            ", " +
+                                            (p.ring ? "ring" : p.via_spool ? "spooled" : "socket") +
                                             ", acknowledged in epoch " + std::to_string(p.epoch) +
                                             ") was never confirmed by the broker; copies:" +
                                             Locate(id));
@@ -1206,8 +1870,10 @@ SimResult World::Run() {
                (config_.dedupe_window_posts == 0 ? "; dedupe_window_posts is 0" : ""));
     }
   }
+  CheckRingPosts();
   stats_.virtual_ms = static_cast<uint64_t>(
       std::chrono::duration_cast<milliseconds>(node_.clock.Now() - start).count());
+  if (dp_) NoteRingMetrics(dp_->metrics);
   dp_.reset();
   result_.stats = stats_;
   return result_;
@@ -1275,6 +1941,8 @@ std::string Summarize(const std::vector<SimResult>& results) {
   for (const auto& [k, v] : total.crash_points) out += " " + k + "=" + std::to_string(v);
   out += "\nmost work in one round:";
   for (const auto& [k, v] : total.round_work_max) out += " " + k + "=" + std::to_string(v);
+  out += "\nrings:";
+  for (const auto& [k, v] : total.ring) out += " " + k + "=" + std::to_string(v);
   out += "\nfaults injected:";
   for (const auto& [k, v] : total.faults) out += "\n  " + k + " " + std::to_string(v);
   out += "\n";

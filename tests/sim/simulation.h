@@ -26,7 +26,25 @@
 //  - drains: once faults stop, everything is delivered and the spool is
 //    adopted within kDrainMsMax;
 //  - bounded_work_per_round: the work one ingest round asks of the spool
-//    directory and the loop stays within the configured limits.
+//    directory and the loop stays within the configured limits;
+//  - ring_no_lost_wakeup: while the ingest sleeps, a producer that
+//    publishes finds the doorbell set (or another producer rang), and a
+//    round that only the loop's timeout woke finds no lane holding
+//    published records (unless their producer died before its doorbell);
+//  - ring_journaled_once, ring_order_per_producer: a ring post (tail
+//    stored) is published from one journal record, and a producer
+//    process's ring posts in the order it made them; ring posts must also
+//    be confirmed (acknowledged_is_confirmed) and recoverable after a crash
+//    (the rings survive it);
+//  - ring_dead_lanes_reclaimed: at the end no lane is owned by a process
+//    that is gone or released it, and every free lane is claimable (one a
+//    claim hands back, after a scribble, the daemon must repair: the drain
+//    phase probes such lanes with a claim until it does);
+// Ring lanes whose uid the disk quota holds back (Ingest::RingAdmits wants
+// room for the largest record) are not drained; their posts are counted
+// (exempt.ring_posts_held_by_full_disk), not failed.
+// Ring posts in a lane that was scribbled over are exempt (counted), and so
+// are ring posts not yet journaled when a power loss took tmpfs.
 // Posts of hostile clients (squatters, garbage writers) are exempt from the
 // first two: they sabotage their own files.
 #pragma once
