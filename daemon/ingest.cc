@@ -249,7 +249,7 @@ void Ingest::HandleRequest(int fd, const Conn& conn, std::span<const std::byte> 
 }
 
 Status Ingest::Stamp(std::span<const std::byte> payload, uid_t uid, std::optional<gid_t> gid,
-                     std::optional<pid_t> pid, Batch* batch) {
+                     std::optional<pid_t> pid, Batch* batch, bool remember_id) {
   PostData p = ReadPost(PostFromPayload(payload));
   p.origin_uid = uid;
   p.origin_gid = gid ? std::optional<uint32_t>(*gid) : std::nullopt;
@@ -274,7 +274,7 @@ Status Ingest::Stamp(std::span<const std::byte> payload, uid_t uid, std::optiona
   const size_t before = batch->bytes.size();
   if (Status s = segment::AppendRecord(stamped, &batch->bytes); !s.ok()) return s;
   batch->bytes_of[uid] += batch->bytes.size() - before;
-  batch->ids.push_back(p.id);
+  if (remember_id) batch->ids.push_back(p.id);
   return Status::Ok();
 }
 

@@ -123,6 +123,10 @@ class Ingest final : public IoCallbacks {
     // Set by Stop(): what was published when the daemon was asked to stop,
     // and is journaled before it exits (0: nothing).
     uint64_t stop_tail = 0;
+    // Records before this position may have been journaled by an earlier
+    // run of the daemon (it died before moving the head): they are checked
+    // against the ids it journaled. Later ones cannot be, at `accepted`.
+    uint64_t recheck_until = 0;
   };
   struct PendingAck {
     int fd;
@@ -151,7 +155,7 @@ class Ingest final : public IoCallbacks {
   // post, validates it and appends it, framed, to `batch`. Not ok (with
   // the reason) if the post may not be accepted.
   Status Stamp(std::span<const std::byte> payload, uid_t uid, std::optional<gid_t> gid,
-               std::optional<pid_t> pid, Batch* batch);
+               std::optional<pid_t> pid, Batch* batch, bool remember_id = true);
   void FeedAdoption(Clock::time_point now);
   // Rings (ingest_ring.cc).
   void HandleRingRequest(int fd, const Conn& conn, const wire::RequestHeader& h);
