@@ -20,6 +20,10 @@ packages=(
   rabbitmq-server amqp-tools
   # the packaging test (tests/packaging): build, check and install the packages
   debhelper lintian rpm fakeroot
+  # libpostspool-shim hashes with nettle (static, hidden); its tests run
+  # rsync and a gfortran-built program under it (coreutils, tar, bash and
+  # python3 are in every Debian system already)
+  nettle-dev rsync gfortran
   # the metrics test parses the Prometheus text format with its reference parser
   python3-prometheus-client
 )
