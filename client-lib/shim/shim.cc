@@ -142,6 +142,8 @@ class SpinLock {
     }
   }
   void unlock() { flag_.clear(std::memory_order_release); }
+  // In a fork child: a thread of the parent that held it does not exist.
+  void reset() { flag_.clear(std::memory_order_relaxed); }
 
  private:
   std::atomic_flag flag_ = ATOMIC_FLAG_INIT;
@@ -221,7 +223,14 @@ bool OutsideMinInterval(const char* path) {
 // ---------------------------------------------------------------------------
 // Initialisation: once, at the first interposed call (or before main).
 
-void AtForkChild() { g_pid.store(static_cast<pid_t>(::syscall(SYS_getpid)), std::memory_order_relaxed); }
+// The child of fork(): the only thread is the one that forked, so locks that
+// other threads of the parent held are free here.
+void AtForkChild() {
+  g_pid.store(static_cast<pid_t>(::syscall(SYS_getpid)), std::memory_order_relaxed);
+  g_dups_lock.reset();
+  g_recent_lock.reset();
+  g_client_mutex = PTHREAD_MUTEX_INITIALIZER;
+}
 
 bool ReadWholeFile(const char* path, std::string* out) {
   const int fd = RawOpenAt(AT_FDCWD, path, O_RDONLY);
