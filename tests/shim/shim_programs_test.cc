@@ -519,6 +519,17 @@ TEST_F(ShimPrograms, FilesLeftOpenAtExitAndUnderscoreExit) {
   ExpectPosts({DirPost("r"), DirPost("e"), FilePost("r/left_open"), FilePost("e/left_open")});
 }
 
+TEST_F(ShimPrograms, StaticallyLinkedProgramIsNotAffected) {
+  if (std::string(POSTSPOOL_SHIM_STATIC_WRITER).empty()) {
+    GTEST_SKIP() << "no statically linked test program in sanitizer builds";
+  }
+  RunBoth({POSTSPOOL_SHIM_STATIC_WRITER, "threads", ".", "2", "3"});
+  EXPECT_TRUE(fs::exists(work_ + "/t1_2"));
+  // A dynamically linked marker after it: the only post.
+  RunBoth({POSTSPOOL_SHIM_WRITER, "remove", "t0_0"});
+  EXPECT_EQ(Posts(1), std::vector<std::string>{RemovePost("t0_0")});
+}
+
 TEST_F(ShimPrograms, FortranProgramWritingAFile) {
   if (std::string(POSTSPOOL_GFORTRAN).empty()) GTEST_SKIP() << "gfortran is not installed";
   const ProgramRun built = RunProgram({POSTSPOOL_GFORTRAN, "-o", scratch_.File("write_file"),
