@@ -7,6 +7,8 @@
 #include <string>
 #include <string_view>
 
+#include <nettle/base64.h>
+
 #include "v03_fields.h"
 
 namespace postspool::v03 {
@@ -170,27 +172,11 @@ void AppendTimeMember(std::string_view key, int64_t unix_ns, size_t open_at, std
   out->push_back('"');
 }
 
-// RFC 4648 base64, standard alphabet, '=' padding.
+// RFC 4648 base64, standard alphabet, '=' padding (nettle's).
 void AppendBase64(const uint8_t* data, size_t n, std::string* out) {
-  constexpr char kAlphabet[] =
-      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  size_t i = 0;
-  for (; i + 3 <= n; i += 3) {
-    const uint32_t v = uint32_t{data[i]} << 16 | uint32_t{data[i + 1]} << 8 | data[i + 2];
-    const char quad[4] = {kAlphabet[v >> 18], kAlphabet[(v >> 12) & 0x3F],
-                          kAlphabet[(v >> 6) & 0x3F], kAlphabet[v & 0x3F]};
-    out->append(quad, 4);
-  }
-  if (n - i == 1) {
-    const uint32_t v = uint32_t{data[i]} << 16;
-    const char quad[4] = {kAlphabet[v >> 18], kAlphabet[(v >> 12) & 0x3F], '=', '='};
-    out->append(quad, 4);
-  } else if (n - i == 2) {
-    const uint32_t v = uint32_t{data[i]} << 16 | uint32_t{data[i + 1]} << 8;
-    const char quad[4] = {kAlphabet[v >> 18], kAlphabet[(v >> 12) & 0x3F],
-                          kAlphabet[(v >> 6) & 0x3F], '='};
-    out->append(quad, 4);
-  }
+  const size_t at = out->size();
+  out->resize(at + BASE64_ENCODE_RAW_LENGTH(n));
+  base64_encode_raw(out->data() + at, n, data);
 }
 
 // Sarracenia strips the leading '/' of relPath; the fileOp targets hlink

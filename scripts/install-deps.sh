@@ -22,6 +22,10 @@ packages=(
   debhelper lintian rpm fakeroot
   # the benchmark suite (bench/run.sh): its plots, the daemon's syscall counts
   python3-matplotlib linux-perf strace
+  # libpostspool-shim hashes with nettle (static, hidden); its tests run
+  # rsync and a gfortran-built program under it (coreutils, tar, bash and
+  # python3 are in every Debian system already)
+  nettle-dev rsync gfortran
   # the metrics test parses the Prometheus text format with its reference parser
   python3-prometheus-client
 )

@@ -1,7 +1,8 @@
-// SHA-512 (FIPS 180-4), for the sha512 identity of `postspool post --file`.
-// The project has no crypto library among its dependencies, and the tool
-// needs only this one digest.
+// SHA-512 (FIPS 180-4), for the sha512 identity of `postspool post --file`:
+// nettle's, behind the small interface the tool uses.
 #pragma once
+
+#include <nettle/sha2.h>
 
 #include <array>
 #include <cstddef>
@@ -13,7 +14,7 @@ namespace postspool::cli {
 
 class Sha512 {
  public:
-  static constexpr size_t kDigestBytes = 64;
+  static constexpr size_t kDigestBytes = SHA512_DIGEST_SIZE;
   using Digest = std::array<uint8_t, kDigestBytes>;
 
   Sha512();
@@ -22,12 +23,7 @@ class Sha512 {
   Digest Finish();
 
  private:
-  void Compress(const uint8_t* block);
-
-  std::array<uint64_t, 8> state_;
-  std::array<uint8_t, 128> buffer_{};
-  size_t buffered_ = 0;
-  uint64_t total_bytes_ = 0;  // messages above 2^64 bytes are not a concern here
+  sha512_ctx ctx_;
 };
 
 // The digest of `bytes`, as raw bytes.

@@ -74,7 +74,8 @@ constexpr char kQuarantine[] = "/var/spool/postspool/quarantine";
 constexpr char kJournal[] = "/var/lib/postspool/journal";
 constexpr char kSocket[] = "/run/postspool/postspoold.sock";
 constexpr char kExchange[] = "xs_pkgtest";
-const std::vector<std::string> kDebs = {"libpostspool0", "libpostspool-dev", "postspoold"};
+const std::vector<std::string> kDebs = {"libpostspool0", "libpostspool-dev", "postspoold",
+                                         "postspool-shim"};
 
 std::string Quote(const std::string& s) {
   std::string out = "'";
@@ -248,7 +249,7 @@ class PackagingTest : public ::testing::Test {
     if (installs_) {
       // Purge whatever is installed, then what purge leaves by design (the
       // system user), and the users this test made.
-      const CmdResult purge = Sh("dpkg --purge postspoold libpostspool-dev libpostspool0", 300);
+      const CmdResult purge = Sh("dpkg --purge postspool-shim postspoold libpostspool-dev libpostspool0", 300);
       if (purge.status != 0) std::fprintf(stderr, "cleanup: dpkg --purge: %s\n", purge.output.c_str());
       if (::getpwnam("postspool") != nullptr) Sh("userdel postspool");
       if (::getgrnam("postspool") != nullptr) Sh("groupdel postspool");
@@ -268,7 +269,7 @@ class PackagingTest : public ::testing::Test {
   // and purge. "" if there is none: then TearDown purges what the test
   // installs.
   std::string ExistingPostspool() {
-    if (Sh("dpkg-query -W -f='${Status}' postspoold libpostspool0 libpostspool-dev 2>/dev/null "
+    if (Sh("dpkg-query -W -f='${Status}' postspoold libpostspool0 libpostspool-dev postspool-shim 2>/dev/null "
            "| grep -q installed")
             .status == 0 ||
         ::getpwnam("postspool") != nullptr || ::getgrnam("postspool") != nullptr) {
@@ -475,7 +476,8 @@ TEST_F(PackagingTest, RpmsBuildWithTheirFilesScriptletsAndDependencies) {
   const std::string daemon_rpm = rpm("postspool");
   const std::string lib_rpm = rpm("libpostspool");
   const std::string devel_rpm = rpm("libpostspool-devel");
-  ASSERT_FALSE(daemon_rpm.empty() || lib_rpm.empty() || devel_rpm.empty())
+  const std::string shim_rpm = rpm("postspool-shim");
+  ASSERT_FALSE(daemon_rpm.empty() || lib_rpm.empty() || devel_rpm.empty() || shim_rpm.empty())
       << Sh("ls -R " + top + "/RPMS").output;
 
   const std::string files = Sh("rpm -qlp " + daemon_rpm).output;
@@ -515,6 +517,12 @@ TEST_F(PackagingTest, RpmsBuildWithTheirFilesScriptletsAndDependencies) {
 
   const std::string lib_files = Sh("rpm -qlp " + lib_rpm).output;
   EXPECT_NE(lib_files.find("/usr/lib64/libpostspool.so.0"), std::string::npos) << lib_files;
+  const std::string shim_files = Sh("rpm -qlp " + shim_rpm).output;
+  for (const char* f : {"/usr/lib64/postspool/libpostspool-shim.so",
+                        "/usr/share/man/man7/libpostspool-shim.7"}) {
+    EXPECT_NE(shim_files.find(f), std::string::npos) << f << " not in " << shim_rpm << ":\n"
+                                                     << shim_files;
+  }
   const std::string devel_files = Sh("rpm -qlp " + devel_rpm).output;
   for (const char* f : {"/usr/include/postspool.h", "/usr/lib64/libpostspool.so",
                         "/usr/lib64/pkgconfig/libpostspool.pc", "/usr/share/man/man3/libpostspool.3"}) {
@@ -580,7 +588,9 @@ TEST_F(PackagingTest, DebsInstallPostAsTwoUsersUpgradeRemovePurge) {
   };
   expect_layout("after dpkg -i");
   for (const char* page : {"/usr/share/man/man1/postspool.1.gz", "/usr/share/man/man5/postspool.conf.5.gz",
-                           "/usr/share/man/man8/postspoold.8.gz", "/usr/share/man/man3/libpostspool.3.gz"}) {
+                           "/usr/share/man/man8/postspoold.8.gz", "/usr/share/man/man3/libpostspool.3.gz",
+                           "/usr/share/man/man7/libpostspool-shim.7.gz",
+                           "/usr/lib/x86_64-linux-gnu/postspool/libpostspool-shim.so"}) {
     EXPECT_TRUE(Exists(page)) << page;
   }
   // As at boot (no systemd here to run them): /run is empty, then the
@@ -767,7 +777,7 @@ TEST_F(PackagingTest, DebsInstallPostAsTwoUsersUpgradeRemovePurge) {
   EXPECT_EQ(daemon_->Stop(), 0) << daemon_->Log();
 
   // 6. Remove: programs gone; configuration, data and user stay.
-  r = Sh("dpkg --remove postspoold libpostspool-dev libpostspool0", 300);
+  r = Sh("dpkg --remove postspool-shim postspoold libpostspool-dev libpostspool0", 300);
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_FALSE(Exists("/usr/sbin/postspoold"));
   EXPECT_FALSE(Exists("/usr/bin/postspool"));
@@ -781,7 +791,7 @@ TEST_F(PackagingTest, DebsInstallPostAsTwoUsersUpgradeRemovePurge) {
 
   // 7. Purge: configuration and data gone; the system user stays (Debian's
   //    rule for system users; the cleanup deletes it).
-  r = Sh("dpkg --purge postspoold libpostspool-dev libpostspool0", 300);
+  r = Sh("dpkg --purge postspool-shim postspoold libpostspool-dev libpostspool0", 300);
   ASSERT_EQ(r.status, 0) << r.output;
   for (const char* gone : {"/etc/postspool", "/var/lib/postspool", "/var/spool/postspool",
                            "/run/postspool", "/etc/systemd/system/multi-user.target.wants/postspoold.service"}) {
