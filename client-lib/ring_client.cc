@@ -118,6 +118,11 @@ RingClient::Result RingClient::Post(std::span<const std::byte> record, DaemonSoc
       return Result{Outcome::kUnavailable, std::move(reason)};
     }
   }
+  if (ring_.full().load(std::memory_order_relaxed) != 0) {
+    // The daemon's quota for this user is reached: the socket says so
+    // properly (POSTSPOOL_ENOSPACE), the ring must not take more.
+    return Result{Outcome::kUnavailable, "ring: the daemon takes no more of this user's posts"};
+  }
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (!have_lane_) {
       if (!ring::ClaimLane(ring_, identity_, static_cast<uint32_t>(pid_), &lane_, &tail_)) {

@@ -63,10 +63,6 @@ void Ingest::SyncRingCursors() {
 }
 
 bool Ingest::RingAdmits(uid_t uid) const {
-  // Checked once per lane and round, without a margin: a lane is drained
-  // while there is any room (what one round takes past the limit is bounded
-  // by the batch), so that posts already accepted into the ring are not
-  // held back by a margin the size of the largest record.
   return DiskBytes() < config_.disk_bytes_max && UidBytes(uid) < config_.disk_bytes_per_uid_max;
 }
 
@@ -107,6 +103,17 @@ bool Ingest::DrainRings(Clock::time_point now) {
   for (const auto& c : cursors_) total += c.size();
   if (total == 0) return false;
   const auto& entries = ports_.rings->entries();
+  // The quotas apply where a post enters the ring: a uid at its share (or a
+  // full disk) has its ring marked full and its producers take the socket,
+  // which refuses with `full`. What is in the lanes was accepted and is
+  // always journaled (at most one ring, ring_lanes × ring_lane_bytes, past
+  // the limit), so SIGTERM and the quota never hold accepted posts back.
+  for (const auto& e : entries) {
+    const uint32_t full = RingAdmits(e.uid) ? 0 : 1;
+    if (e.ring.full().load(std::memory_order_relaxed) != full) {
+      e.ring.full().store(full, std::memory_order_relaxed);
+    }
+  }
   bool took = false;
   size_t r = 0, l = 0;
   {
@@ -147,9 +154,6 @@ bool Ingest::DrainLane(uint32_t r, uint32_t l, uid_t uid, Clock::time_point now)
   const uint64_t owner = ring.owner(l).load(std::memory_order_relaxed);
   const pid_t pid = ring::IdentityPid(owner);
   bool took = false;
-  // The quota is checked once per lane and round: a uid may go over its
-  // share by at most what one lane gives one round.
-  if (!RingAdmits(uid)) return false;
   for (uint32_t n = 0; n < config_.ring_lane_records_per_round; ++n) {
     if (filling_.records >= config_.batch_records_max ||
         filling_.bytes.size() + 2 * segment::RecordBytes(segment::kRecordPayloadMax) >
@@ -308,11 +312,17 @@ void Ingest::RingsCommitted() {
 }
 
 void Ingest::RingsFailed() {
-  // The records stay in their lanes and are read again.
+  // The records stay in their lanes and are read again (by the next start,
+  // if this one is stopping: it does not retry a failing journal).
   for (const LaneEnd& e : writing_.lane_ends) {
     LaneCursor& c = cursors_[e.ring][e.lane];
     c.in_writing = false;
     c.read = c.head;
+  }
+  if (stopping_) {
+    for (auto& lanes : cursors_) {
+      for (LaneCursor& c : lanes) c.stop_tail = 0;
+    }
   }
 }
 
@@ -337,7 +347,6 @@ void Ingest::MaybeSleep(Clock::time_point now, bool ring_work) {
   for (const auto& e : entries) e.ring.doorbell().store(1, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   for (size_t r = 0; r < entries.size() && r < cursors_.size(); ++r) {
-    if (!RingAdmits(entries[r].uid)) continue;  // the quota's round timer retries
     for (uint32_t l = 0; l < cursors_[r].size(); ++l) {
       const LaneCursor& c = cursors_[r][l];
       if (c.broken || c.in_writing) continue;  // the write's completion wakes the loop

@@ -47,6 +47,7 @@ inline constexpr size_t kOffLaneCount = 12;    // u32
 inline constexpr size_t kOffLaneBytes = 16;    // u32: data bytes of a lane, a power of two
 inline constexpr size_t kOffUid = 20;          // u32: whose ring it is
 inline constexpr size_t kOffDurability = 24;   // u32: 0 accepted, 1 synced (the daemon's)
+inline constexpr size_t kOffFull = 28;         // u32: 1 = the daemon takes no more of this uid's posts (quota)
 inline constexpr size_t kOffDoorbell = 64;     // u32 futex word: 1 = the daemon sleeps
 // Lane header fields (offsets from the lane's start).
 inline constexpr size_t kLaneOwner = 0;   // u64: 0 free, else an Identity
@@ -102,6 +103,7 @@ class Ring {
 
   std::atomic_ref<uint32_t> doorbell() const { return U32(kOffDoorbell); }
   std::atomic_ref<uint32_t> durability() const { return U32(kOffDurability); }
+  std::atomic_ref<uint32_t> full() const { return U32(kOffFull); }
   std::atomic_ref<uint64_t> owner(uint32_t lane) const { return U64(LaneOffset(lane) + kLaneOwner); }
   std::atomic_ref<uint64_t> tail(uint32_t lane) const { return U64(LaneOffset(lane) + kLaneTail); }
   std::atomic_ref<uint64_t> head(uint32_t lane) const { return U64(LaneOffset(lane) + kLaneHead); }
