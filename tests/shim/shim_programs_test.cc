@@ -60,9 +60,18 @@ ProgramRun RunProgram(const std::vector<std::string>& args, const std::string& c
                const std::vector<std::string>& env, const std::string& scratch) {
   const std::string out_path = scratch + "/run.stdout", err_path = scratch + "/run.stderr";
   std::vector<std::string> envs;
+  // A variable `env` sets replaces the inherited one (getenv takes the
+  // first: scripts/test.sh exports ASAN_OPTIONS with detect_leaks=1).
+  auto set_here = [&env](const std::string& kv) {
+    const std::string name = kv.substr(0, kv.find('=') + 1);
+    for (const std::string& mine : env) {
+      if (mine.rfind(name, 0) == 0) return true;
+    }
+    return false;
+  };
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string kv = *e;
-    if (kv.rfind("LD_PRELOAD=", 0) == 0 || kv.rfind("POSTSPOOL_", 0) == 0) continue;
+    if (kv.rfind("LD_PRELOAD=", 0) == 0 || kv.rfind("POSTSPOOL_", 0) == 0 || set_here(kv)) continue;
     envs.push_back(kv);
   }
   envs.insert(envs.end(), env.begin(), env.end());
