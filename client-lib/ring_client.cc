@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 
 namespace postspool::client {
@@ -28,15 +27,8 @@ bool StartTicks(uint64_t* ticks) {
   } while (n < 0 && errno == EINTR);
   if (n <= 0) return false;
   buf[n] = '\0';
-  const char* p = std::strrchr(buf, ')');
-  if (p == nullptr) return false;
-  int field = 2;
-  for (++p; *p != '\0' && field < 22; ++p) {
-    if (*p == ' ') ++field;
-  }
-  if (*p == '\0') return false;
-  *ticks = std::strtoull(p, nullptr, 10);
-  return true;
+  char state = 0;
+  return ring::ParseProcStat(buf, &state, ticks);
 }
 
 }  // namespace

@@ -225,17 +225,11 @@ bool RealRings::OwnerAlive(uint64_t identity) {
   const ssize_t n = ::read(fd.get(), buf, sizeof buf - 1);
   if (n <= 0) return true;
   buf[n] = '\0';
-  // Field 22 (starttime) counts from after the ")" that ends the command.
-  const char* p = std::strrchr(buf, ')');
-  if (p == nullptr) return true;
-  int field = 2;
-  for (++p; *p != '\0' && field < 22; ++p) {
-    if (*p == ' ') ++field;
-  }
-  const uint64_t start = std::strtoull(p, nullptr, 10);
+  char state = 0;
+  uint64_t start = 0;
+  if (!ring::ParseProcStat(buf, &state, &start)) return true;
   // A zombie has exited: its lane will never be written again.
-  const char* state = std::strrchr(buf, ')') + 2;
-  if (state < buf + n && (*state == 'Z' || *state == 'X')) return false;
+  if (state == 'Z' || state == 'X') return false;
   return (start & ((1ull << 41) - 1)) == ring::IdentityStart(identity);
 }
 

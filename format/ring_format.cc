@@ -1,5 +1,6 @@
 #include "ring_format.h"
 
+#include <cstdlib>
 #include <cstring>
 
 #include "little_endian.h"
@@ -11,6 +12,19 @@ namespace {
 constexpr bool IsPowerOfTwo(uint32_t v) { return v != 0 && (v & (v - 1)) == 0; }
 
 }  // namespace
+
+bool ParseProcStat(const char* stat, char* state, uint64_t* start_ticks) {
+  const char* p = std::strrchr(stat, ')');
+  if (p == nullptr || p[1] != ' ' || p[2] == '\0') return false;
+  *state = p[2];
+  int field = 2;
+  for (++p; *p != '\0' && field < 22; ++p) {
+    if (*p == ' ') ++field;
+  }
+  if (field < 22 || *p < '0' || *p > '9') return false;
+  *start_ticks = std::strtoull(p, nullptr, 10);
+  return true;
+}
 
 void Ring::Format(std::span<std::byte> mem, uint32_t lane_count, uint32_t lane_bytes, uint32_t uid,
                   uint32_t durability) {

@@ -72,6 +72,12 @@ constexpr uint64_t MakeIdentity(pid_t pid, uint64_t start_ticks) {
 constexpr pid_t IdentityPid(uint64_t identity) { return static_cast<pid_t>(identity & ((1u << 22) - 1)); }
 constexpr uint64_t IdentityStart(uint64_t identity) { return (identity >> 22) & ((1ull << 41) - 1); }
 
+// The state letter (field 3) and start time in clock ticks (field 22) of a
+// process, from the text of its /proc/<pid>/stat (NUL-terminated); false if
+// the text does not have them. The command (field 2) may hold spaces and
+// parentheses: fields are counted from the last ")".
+bool ParseProcStat(const char* stat, char* state, uint64_t* start_ticks);
+
 constexpr uint64_t RingBytes(uint32_t lane_count, uint32_t lane_bytes) {
   return kHeaderBytes + uint64_t{lane_count} * (kLaneHeaderBytes + lane_bytes);
 }

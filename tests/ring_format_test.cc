@@ -473,5 +473,19 @@ TEST_F(RingTest, ReaderCopiesTheRecordBeforeCheckingIt) {
   EXPECT_EQ(len, 40u);
 }
 
+// The lane owner's identity comes from /proc/<pid>/stat on both sides
+// (client and daemon): a command with spaces and ")" must not shift fields.
+TEST(ParseProcStat, TakesStateAndStartTimeAfterTheLastParenthesis) {
+  const char* stat =
+      "4242 (a) b (c)) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
+  char state = 0;
+  uint64_t start = 0;
+  ASSERT_TRUE(ParseProcStat(stat, &state, &start));
+  EXPECT_EQ(state, 'S');
+  EXPECT_EQ(start, 987654u);
+  EXPECT_FALSE(ParseProcStat("4242 (cut short", &state, &start));
+  EXPECT_FALSE(ParseProcStat("4242 (x) Z 1 2 3", &state, &start));
+}
+
 }  // namespace
 }  // namespace postspool::ring
