@@ -51,8 +51,8 @@ std::string Milliseconds(Clock::duration d) {
 
 }  // namespace
 
-DaemonSocket::Result DaemonSocket::RequestRing(Deadline deadline, UniqueFd* ring_fd) {
-  return Exchange({}, 0, deadline, ring_fd);
+DaemonSocket::Result DaemonSocket::RequestRing(Deadline deadline, int* ring_id) {
+  return Exchange({}, 0, deadline, ring_id);
 }
 
 DaemonSocket::Result DaemonSocket::Post(std::span<const std::byte> records,
@@ -62,7 +62,7 @@ DaemonSocket::Result DaemonSocket::Post(std::span<const std::byte> records,
 
 DaemonSocket::Result DaemonSocket::Exchange(std::span<const std::byte> records,
                                             uint16_t record_count, Deadline deadline,
-                                            UniqueFd* ring_fd) {
+                                            int* ring_id) {
   const auto now = Clock::now();
   if (now < retry_after_) {
     return Result{false,
@@ -85,7 +85,7 @@ DaemonSocket::Result DaemonSocket::Exchange(std::span<const std::byte> records,
     std::string reason;
     switch (Send(header, records, deadline, &reason)) {
       case SendOutcome::kSent:
-        return AwaitAck(request_id, record_count, deadline, ring_fd);
+        return AwaitAck(request_id, record_count, deadline, ring_id);
       case SendOutcome::kStale:
         // A kept connection that the daemon closed (it restarted, say): once
         // more on a new one.
@@ -171,7 +171,7 @@ DaemonSocket::SendOutcome DaemonSocket::Send(std::span<const std::byte> header,
 }
 
 DaemonSocket::Result DaemonSocket::AwaitAck(uint64_t request_id, uint16_t record_count,
-                                            Deadline deadline, UniqueFd* ring_fd) {
+                                            Deadline deadline, int* ring_id) {
   const auto sent_at = Clock::now();
   // Room for more than an ack, so that a longer packet shows as one (its
   // real length comes back through MSG_TRUNC).
@@ -220,16 +220,21 @@ DaemonSocket::Result DaemonSocket::AwaitAck(uint64_t request_id, uint16_t record
             r.malformed = true;
             return r;
           }
-          if (ring_fd != nullptr) {
-            if (!passed.valid()) return Result{false, "the daemon sent no ring descriptor", false};
-            *ring_fd = std::move(passed);
+          if (ring_id != nullptr) {
+            // A daemon of an earlier version passes a ring file, which its
+            // holder could truncate under the daemon: not used.
+            if (passed.valid()) {
+              return Result{false, "the daemon hands out ring files (an earlier version): not used",
+                            false};
+            }
+            *ring_id = static_cast<int>(ack.ring_id & 0x7fffffff);
           }
           back_off_ = Clock::duration{0};
           retry_after_ = Clock::time_point{};
           return Result{true, {}, false};
         case wire::AckStatus::kMalformed: {
           // A daemon from before rings: the connection is fine for posts.
-          if (ring_fd != nullptr) return Result{false, "the daemon does not hand out rings", false};
+          if (ring_id != nullptr) return Result{false, "the daemon does not hand out rings", false};
           Result r = Fail("daemon refused the request as malformed", false);
           r.malformed = true;
           return r;
@@ -244,7 +249,7 @@ DaemonSocket::Result DaemonSocket::AwaitAck(uint64_t request_id, uint16_t record
         case wire::AckStatus::kShuttingDown:
         case wire::AckStatus::kUnavailable:
           // No ring for this user: the socket itself is fine.
-          if (ring_fd != nullptr) return Result{false, "the daemon has no ring for this user", false};
+          if (ring_id != nullptr) return Result{false, "the daemon has no ring for this user", false};
           return Fail(wire::AckStatusName(ack.status), true);
       }
       return Fail("unknown acknowledgement status", false);  // DecodeAck rules this out

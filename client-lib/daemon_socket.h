@@ -51,8 +51,9 @@ class DaemonSocket {
   Result Post(std::span<const std::byte> records, uint16_t record_count, Deadline deadline);
 
   // Asks the daemon for this uid's shared-memory ring (a request of no
-  // records, FORMAT.md): on success *ring_fd is the ring file's descriptor.
-  Result RequestRing(Deadline deadline, UniqueFd* ring_fd);
+  // records, FORMAT.md): on success *ring_id is the ring's System V shared
+  // memory id.
+  Result RequestRing(Deadline deadline, int* ring_id);
 
   // The connected descriptor (-1 if none), for diagnostics and tests.
   int descriptor() const { return fd_.get(); }
@@ -63,8 +64,8 @@ class DaemonSocket {
   SendOutcome Send(std::span<const std::byte> header, std::span<const std::byte> records,
                    Deadline deadline, std::string* reason);
   Result Exchange(std::span<const std::byte> records, uint16_t record_count, Deadline deadline,
-                  UniqueFd* ring_fd);
-  Result AwaitAck(uint64_t request_id, uint16_t record_count, Deadline deadline, UniqueFd* ring_fd);
+                  int* ring_id);
+  Result AwaitAck(uint64_t request_id, uint16_t record_count, Deadline deadline, int* ring_id);
   // Drops the connection and skips the socket for the next back-off period.
   void BackOff(const std::string& reason);
   Result Fail(std::string reason, bool back_off);

@@ -3,12 +3,13 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <sched.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
+#include <sys/ipc.h>
+#include <sys/shm.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -31,6 +32,15 @@ bool StartTicks(uint64_t* ticks) {
   return ring::ParseProcStat(buf, &state, ticks);
 }
 
+void Pause(int spin) {
+  if (spin < 64) {
+    ::sched_yield();
+  } else {
+    const timespec ts{0, 20000};
+    ::nanosleep(&ts, nullptr);
+  }
+}
+
 }  // namespace
 
 RingClient::~RingClient() { Detach(); }
@@ -40,12 +50,17 @@ void RingClient::Detach() {
     // Only the process that claimed the lane gives it back: a child that
     // inherited this object must not release its parent's lane.
     if (have_lane_ && pid_ == ::getpid()) ring::ReleaseLane(ring_, lane_, identity_);
-    ::munmap(map_, bytes_);
+    ::shmdt(map_);
   }
   map_ = nullptr;
   ring_ = ring::Ring();
   have_lane_ = false;
-  fd_.reset();
+  shm_id_ = -1;
+}
+
+bool RingClient::Removed() const {
+  shmid_ds ds{};
+  return ::shmctl(shm_id_, IPC_STAT, &ds) != 0 || (ds.shm_perm.mode & SHM_DEST) != 0;
 }
 
 bool RingClient::Attach(DaemonSocket* socket, Deadline deadline, std::string* reason) {
@@ -54,31 +69,34 @@ bool RingClient::Attach(DaemonSocket* socket, Deadline deadline, std::string* re
     *reason = "cannot read /proc/self/stat (the lane owner's start time)";
     return false;
   }
-  UniqueFd fd;
-  DaemonSocket::Result r = socket->RequestRing(deadline, &fd);
+  int shm_id = -1;
+  DaemonSocket::Result r = socket->RequestRing(deadline, &shm_id);
   if (!r.accepted) {
     *reason = "ring: " + r.reason;
     return false;
   }
-  struct stat st{};
-  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) ||
-      static_cast<uint64_t>(st.st_size) < ring::kHeaderBytes) {
-    *reason = "ring: the daemon's descriptor is not a ring file";
+  shmid_ds ds{};
+  if (::shmctl(shm_id, IPC_STAT, &ds) != 0) {
+    *reason = std::string("ring: shm id ") + std::to_string(shm_id) + ": " + std::strerror(errno);
     return false;
   }
-  const size_t bytes = static_cast<size_t>(st.st_size);
-  void* map = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-  if (map == MAP_FAILED) {
-    *reason = std::string("ring: mmap: ") + std::strerror(errno);
+  if (ds.shm_segsz < ring::kHeaderBytes || ds.shm_perm.uid != ::geteuid()) {
+    *reason = "ring: the daemon's shm id is not a ring of this user";
+    return false;
+  }
+  const size_t bytes = ds.shm_segsz;
+  void* map = ::shmat(shm_id, nullptr, 0);
+  if (map == reinterpret_cast<void*>(-1)) {
+    *reason = std::string("ring: shmat: ") + std::strerror(errno);
     return false;
   }
   std::string why;
   if (!ring::Ring::Open(std::span(static_cast<std::byte*>(map), bytes), &ring_, &why)) {
-    ::munmap(map, bytes);
+    ::shmdt(map);
     *reason = "ring: " + why;
     return false;
   }
-  fd_ = std::move(fd);
+  shm_id_ = shm_id;
   map_ = map;
   bytes_ = bytes;
   pid_ = ::getpid();
@@ -91,11 +109,10 @@ RingClient::Result RingClient::Post(std::span<const std::byte> record, DaemonSoc
                                     Deadline attach_deadline, Deadline deadline) {
   const auto now = Clock::now();
   if (map_ != nullptr && now >= next_check_) {
-    // A ring file removed (by hand, or by a reboot of /run while this
-    // process lived on) is read by nobody.
+    // A removed ring (ipcrm, logind at logout) is read only until the
+    // daemon stops: ask for the one that replaces it.
     next_check_ = now + kCheckInterval;
-    struct stat st{};
-    if (::fstat(fd_.get(), &st) != 0 || st.st_nlink == 0) Detach();
+    if (Removed()) Detach();
   }
   if (map_ == nullptr) {
     if (now < retry_after_) return Result{Outcome::kUnavailable, unavailable_};
@@ -105,10 +122,12 @@ RingClient::Result RingClient::Post(std::span<const std::byte> record, DaemonSoc
     if (socket->descriptor() < 0) return Result{Outcome::kUnavailable, "ring: not asked for yet"};
     std::string reason;
     if (!Attach(socket, attach_deadline, &reason)) {
-      retry_after_ = now + kRetryAfter;
+      retry_wait_ = std::clamp(retry_wait_ * 2, std::chrono::milliseconds(kRetryFirst), kRetryMax);
+      retry_after_ = now + retry_wait_;
       unavailable_ = reason;
       return Result{Outcome::kUnavailable, std::move(reason)};
     }
+    retry_wait_ = std::chrono::milliseconds(0);
   }
   if (ring_.full().load(std::memory_order_relaxed) != 0) {
     // The daemon's quota for this user is reached: the socket says so
@@ -135,7 +154,13 @@ RingClient::Result RingClient::Post(std::span<const std::byte> record, DaemonSoc
         return Result{Outcome::kAppended, {}};
       }
       case ring::AppendResult::kFull:
-        return Result{Outcome::kUnavailable, "ring: this process's lane is full"};
+        // Room comes as the daemon reads: wait for it (within the budget)
+        // rather than let this post overtake the ones in the lane.
+        if (WaitForRoom(record.size(), deadline)) {
+          --attempt;
+          continue;
+        }
+        return Result{Outcome::kUnavailable, "ring: this process's lane stayed full for the budget"};
       case ring::AppendResult::kTooBig:
         return Result{Outcome::kUnavailable, "ring: the post is larger than half a lane"};
       case ring::AppendResult::kBroken:
@@ -149,17 +174,31 @@ RingClient::Result RingClient::Post(std::span<const std::byte> record, DaemonSoc
   return Result{Outcome::kUnavailable, "ring: lanes damaged"};
 }
 
+bool RingClient::WaitForRoom(size_t bytes, Deadline deadline) const {
+  for (int spin = 0;; ++spin) {
+    // As ring::Append counts: a record that does not fit before the end of
+    // the lane skips to its start.
+    const uint64_t size = ring_.lane_bytes();
+    const uint64_t to_end = size - tail_ % size;
+    const uint64_t skip = to_end < bytes ? to_end : 0;
+    const uint64_t head = ring_.head(lane_).load(std::memory_order_acquire);
+    if (head > tail_ || tail_ + skip + bytes - head <= size) return true;
+    if (Clock::now() >= deadline) return false;
+    Pause(spin);
+  }
+}
+
+bool RingClient::WaitDrained(Deadline deadline) const {
+  if (map_ == nullptr || !have_lane_ || pid_ != ::getpid()) return true;
+  return WaitJournaled(tail_, deadline);
+}
+
 bool RingClient::WaitJournaled(uint64_t end, Deadline deadline) const {
   for (int spin = 0;; ++spin) {
     const uint64_t head = ring_.head(lane_).load(std::memory_order_acquire);
     if (head >= end && head - end < ring_.lane_bytes()) return true;
     if (Clock::now() >= deadline) return false;
-    if (spin < 64) {
-      ::sched_yield();
-    } else {
-      const timespec ts{0, 20000};
-      ::nanosleep(&ts, nullptr);
-    }
+    Pause(spin);
   }
 }
 

@@ -1,7 +1,8 @@
 // The client's side of the per-uid shared-memory ring (format/ring_format.h,
 // FORMAT.md "The shared-memory ring"): the ring is asked of the daemon once
-// over the socket (it passes the descriptor after checking SO_PEERCRED),
-// mapped, and a lane claimed for this process. A post is then a copy into
+// over the socket (it answers with the System V shared memory id of this
+// uid's ring, after checking SO_PEERCRED), attached, and a lane claimed for
+// this process. A post is then a copy into
 // the lane and one release-store, with a system call only when the daemon
 // said it sleeps (the futex doorbell).
 //
@@ -22,11 +23,14 @@ namespace postspool::client {
 
 class RingClient {
  public:
-  // After the daemon refused a ring (or it could not be mapped), how long
-  // posts go straight to the socket before asking again.
-  static constexpr std::chrono::milliseconds kRetryAfter{5000};
-  // How often the ring file is checked for having been removed (a daemon
-  // started afresh with an empty ring_dir would never read this one).
+  // After the daemon refused a ring (or it could not be attached), how long
+  // posts go straight to the socket before asking again: doubling from the
+  // first to the last with each refusal in a row.
+  static constexpr std::chrono::milliseconds kRetryFirst{50};
+  static constexpr std::chrono::milliseconds kRetryMax{5000};
+  // How often the ring is checked for having been removed (by its user, or
+  // by logind at logout): a removed ring is read only until the daemon
+  // stops, so the process asks for the new one.
   static constexpr std::chrono::milliseconds kCheckInterval{100};
 
   RingClient() = default;
@@ -45,15 +49,26 @@ class RingClient {
   };
   // `attach_deadline` bounds asking the daemon for the ring (first post);
   // `deadline` the wait for `synced`.
+  // When the lane is full, waits until `deadline` for the daemon to make
+  // room: a post that took another transport would overtake the ones
+  // waiting in the lane.
   Result Post(std::span<const std::byte> record, DaemonSocket* socket, Deadline attach_deadline,
               Deadline deadline);
+
+  // Before a post takes another transport: waits until `deadline` for the
+  // daemon to have taken every post of this process from the lane, so that
+  // the posts of one thread are journaled in the order it made them. False
+  // if some are still waiting at the deadline.
+  bool WaitDrained(Deadline deadline) const;
 
  private:
   bool Attach(DaemonSocket* socket, Deadline deadline, std::string* reason);
   void Detach();
   bool WaitJournaled(uint64_t end, Deadline deadline) const;
+  bool WaitForRoom(size_t bytes, Deadline deadline) const;
+  bool Removed() const;
 
-  UniqueFd fd_;
+  int shm_id_ = -1;
   void* map_ = nullptr;
   size_t bytes_ = 0;
   ring::Ring ring_;
@@ -63,6 +78,7 @@ class RingClient {
   uint32_t lane_ = 0;
   uint64_t tail_ = 0;
   Clock::time_point retry_after_{};
+  std::chrono::milliseconds retry_wait_{0};
   Clock::time_point next_check_{};
   std::string unavailable_;
 };

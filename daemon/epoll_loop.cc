@@ -61,9 +61,6 @@ class EpollLoop final : public IoLoop {
   Status Watch(int fd) override { return Add(kWatched, fd); }
 
   bool Send(int fd, std::span<const std::byte> packet) override { return SendPacket(fd, packet); }
-  bool SendWithFd(int fd, std::span<const std::byte> packet, int pass_fd) override {
-    return SendPacket(fd, packet, pass_fd);
-  }
 
   void Close(int fd) override { ::close(fd); }
 

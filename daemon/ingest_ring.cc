@@ -25,10 +25,10 @@ constexpr auto kOwnerCheckInterval = std::chrono::seconds(1);
 void Ingest::HandleRingRequest(int fd, const Conn& conn, const wire::RequestHeader& h) {
   metrics_->ring_requests_total.fetch_add(1, std::memory_order_relaxed);
   std::array<std::byte, wire::kAckBytes> raw;
-  int ring_fd = -1;
+  int shm_id = -1;
   Status s = ports_.rings == nullptr ? Status(StatusCode::kUnsupported, "rings are off")
              : stopping_             ? Status(StatusCode::kUnsupported, "stopping")
-                                     : ports_.rings->ForUid(conn.peer.uid, &ring_fd);
+                                     : ports_.rings->ForUid(conn.peer.uid, &shm_id);
   if (!s.ok()) {
     metrics_->ring_requests_refused_total.fetch_add(1, std::memory_order_relaxed);
     LogLimited(&ring_limiter_, LogLevel::kInfo, "ring: none for pid %d (uid %u): %s",
@@ -42,8 +42,9 @@ void Ingest::HandleRingRequest(int fd, const Conn& conn, const wire::RequestHead
   for (const auto& e : ports_.rings->entries()) {
     if (e.uid == conn.peer.uid) e.ring.RepairHeader(e.uid);
   }
-  wire::EncodeAck(wire::Ack{wire::AckStatus::kAccepted, h.request_id, 0}, raw);
-  if (!loop_->SendWithFd(fd, raw, ring_fd)) loop_->RemoveConnection(fd);
+  wire::EncodeAck(wire::Ack{wire::AckStatus::kAccepted, h.request_id, 0, static_cast<uint32_t>(shm_id)},
+                  raw);
+  if (!loop_->Send(fd, raw)) loop_->RemoveConnection(fd);
 }
 
 void Ingest::SyncRingCursors() {

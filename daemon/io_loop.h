@@ -74,9 +74,6 @@ class IoLoop {
   // Sends one packet on a connection without waiting (MSG_DONTWAIT,
   // MSG_NOSIGNAL); false unless all of it was sent.
   virtual bool Send(int fd, std::span<const std::byte> packet) = 0;
-  // The same, passing a copy of the descriptor `pass_fd` with it
-  // (SCM_RIGHTS): a uid's ring.
-  virtual bool SendWithFd(int fd, std::span<const std::byte> packet, int pass_fd) = 0;
   // Closes a connection descriptor: one refused in OnAccept, or one reported
   // by OnConnectionClosed.
   virtual void Close(int fd) = 0;

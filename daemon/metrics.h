@@ -35,7 +35,7 @@ struct Metrics {
   Counter ring_lanes_damaged_total{0};       // a lane's bytes are not records: the lane is reset
   Counter ring_lanes_reclaimed_total{0};     // lanes of dead or closed owners, drained and freed
   Counter ring_wakeups_total{0};             // doorbell wake-ups of the sleeping ingest loop
-  std::atomic<uint64_t> rings{0};            // gauge: ring files open
+  std::atomic<uint64_t> rings{0};            // gauge: rings attached
   // Ingest: spool. A "file" is anything in the spool directory; a
   // "segment" is a spool segment file (FORMAT.md).
   Counter spool_segments_adopted_total{0};

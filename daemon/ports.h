@@ -132,11 +132,11 @@ class RingPort {
     uid_t uid = 0;
     ring::Ring ring;
   };
-  // The uid's ring, created if it has none: a descriptor to hand to a
-  // process of that uid (owned by the port). kUnsupported when rings are
-  // off or ring_uids_max rings exist; the ring then joins entries() at the
-  // end (existing indexes never move).
-  virtual Status ForUid(uid_t uid, int* fd) = 0;
+  // The uid's ring, created if it has none: the System V shared memory id
+  // to hand to a process of that uid. kUnsupported when rings are off or
+  // ring_uids_max rings exist; a new ring joins entries() at the end
+  // (existing indexes never move).
+  virtual Status ForUid(uid_t uid, int* shm_id) = 0;
   virtual const std::vector<Entry>& entries() const = 0;
   // True while the process `identity` names (pid and start time) runs.
   virtual bool OwnerAlive(uint64_t identity) = 0;

@@ -6,12 +6,15 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/eventfd.h>
-#include <sys/mman.h>
+#include <sys/ipc.h>
+#include <sys/random.h>
+#include <sys/shm.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
@@ -43,15 +46,38 @@ struct WaitV {
 #define SYS_futex_waitv 449
 #endif
 
-bool ParseRingName(const char* name, uid_t* uid) {
-  // "<uid>.ring"
+constexpr const char* kRecordMagic = "postspool-ring-1";
+
+// "<uid><suffix>"
+bool ParseRecordName(const char* name, const char* suffix, uid_t* uid) {
   char* end = nullptr;
   errno = 0;
   const unsigned long v = std::strtoul(name, &end, 10);
-  if (errno != 0 || end == name || std::strcmp(end, ".ring") != 0 || v > 0xfffffffeul) return false;
+  if (errno != 0 || end == name || std::strcmp(end, suffix) != 0 || v > 0xfffffffeul) return false;
   if (name[0] == '0' && name[1] != '.') return false;  // one spelling per uid
+  if (name[0] < '0' || name[0] > '9') return false;
   *uid = static_cast<uid_t>(v);
   return true;
+}
+
+// A ring's record in ring_dir: "postspool-ring-1 <key> <shm id>\n".
+Status ReadRecord(int dir_fd, const std::string& name, key_t* key, int* shm_id) {
+  UniqueFd fd(::openat(dir_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd.valid()) return Status::FromErrno(errno, "open " + name);
+  char text[128];
+  const ssize_t n = ::read(fd.get(), text, sizeof text - 1);
+  if (n <= 0) return Status(StatusCode::kCorruption, name + ": empty");
+  text[n] = '\0';
+  char magic[32];
+  int k = 0;
+  int id = -1;
+  if (std::sscanf(text, "%31s %d %d", magic, &k, &id) != 3 || std::strcmp(magic, kRecordMagic) != 0 ||
+      id < 0) {
+    return Status(StatusCode::kCorruption, name + ": not a ring record");
+  }
+  *key = static_cast<key_t>(k);
+  *shm_id = id;
+  return Status::Ok();
 }
 
 }  // namespace
@@ -66,8 +92,8 @@ RealRings::~RealRings() {
     Futex(reinterpret_cast<uint32_t*>(&state_), FUTEX_WAKE_PRIVATE, 1);
     thread_.join();
   }
-  for (File& f : files_) {
-    if (f.map != nullptr) ::munmap(f.map, f.bytes);
+  for (Segment& s : segments_) {
+    if (s.map != nullptr) ::shmdt(s.map);
   }
 }
 
@@ -97,18 +123,31 @@ Status RealRings::Open() {
     std::vector<uid_t> uids;
     while (dirent* e = ::readdir(d)) {
       uid_t uid;
-      if (ParseRingName(e->d_name, &uid)) uids.push_back(uid);
+      if (ParseRecordName(e->d_name, ".shm", &uid)) {
+        uids.push_back(uid);
+      } else if (ParseRecordName(e->d_name, ".ring", &uid)) {
+        PS_LOG_WARNING("ring_dir %s: %s is a ring file of an earlier version (rings are System V "
+                       "shared memory now): not read; remove it once its posts are not needed",
+                       dir, e->d_name);
+      }
     }
     ::closedir(d);
     std::sort(uids.begin(), uids.end());
     for (uid_t uid : uids) {
+      const std::string name = std::to_string(uid) + ".shm";
       if (entries_.size() >= config_.ring_uids_max) {
         PS_LOG_WARNING("ring_dir %s holds more rings than ring_uids_max (%u): uid %u's is not read",
                        dir, config_.ring_uids_max, static_cast<unsigned>(uid));
         continue;
       }
-      if (Status s = OpenRing(uid, false); !s.ok()) {
-        PS_LOG_WARNING("ring of uid %u: %s", static_cast<unsigned>(uid), s.ToString().c_str());
+      key_t key = 0;
+      int shm_id = -1;
+      Status s = ReadRecord(dir_fd_.get(), name, &key, &shm_id);
+      if (s.ok()) s = AttachRing(uid, key, shm_id);
+      if (!s.ok()) {
+        PS_LOG_WARNING("ring of uid %u: %s; a new one is made when asked", static_cast<unsigned>(uid),
+                       s.ToString().c_str());
+        ::unlinkat(dir_fd_.get(), name.c_str(), 0);
       }
     }
   }
@@ -121,96 +160,169 @@ Status RealRings::Open() {
   return Status::Ok();
 }
 
-Status RealRings::OpenRing(uid_t uid, bool create) {
-  const std::string name = std::to_string(uid) + ".ring";
-  const uint64_t want = ring::RingBytes(config_.ring_lanes, config_.ring_lane_bytes);
-  UniqueFd fd(::openat(dir_fd_.get(), name.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC));
-  bool fresh = false;
-  if (!fd.valid() && errno == ENOENT && create) {
-    fd.reset(::openat(dir_fd_.get(), name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                      0600));
-    if (!fd.valid()) return Status::FromErrno(errno, "create " + name);
-    if (::ftruncate(fd.get(), static_cast<off_t>(want)) != 0) {
-      const int e = errno;
-      ::unlinkat(dir_fd_.get(), name.c_str(), 0);
-      return Status::FromErrno(e, "size " + name);
-    }
-    fresh = true;
+Status RealRings::CreateRing(uid_t uid) {
+  const uint64_t bytes = ring::RingBytes(config_.ring_lanes, config_.ring_lane_bytes);
+  // A random key rather than IPC_PRIVATE: the record names key and id
+  // together, so a restarted daemon cannot mistake a segment that reused
+  // the id (another daemon's, in tests) for its own.
+  int shm_id = -1;
+  key_t key = 0;
+  for (int attempt = 0; attempt < 16 && shm_id < 0; ++attempt) {
+    uint32_t r = 0;
+    if (::getrandom(&r, sizeof r, 0) != sizeof r) return Status::FromErrno(errno, "getrandom");
+    key = static_cast<key_t>(r & 0x7fffffff);
+    if (key == IPC_PRIVATE) continue;
+    shm_id = ::shmget(key, bytes, IPC_CREAT | IPC_EXCL | 0600);
+    if (shm_id < 0 && errno != EEXIST) return Status::FromErrno(errno, "shmget");
   }
-  if (!fd.valid()) return Status::FromErrno(errno, "open " + name);
-  struct stat st{};
-  if (::fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, "fstat " + name);
-  if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || st.st_nlink != 1 ||
-      (st.st_mode & 0077) != 0 || st.st_size < static_cast<off_t>(ring::kHeaderBytes) ||
-      static_cast<uint64_t>(st.st_size) > ring::RingBytes(ring::kLanesMax, ring::kLaneBytesMax)) {
-    return Status(StatusCode::kCorruption,
-                  name + " is not a ring file of this daemon (type, owner, links, mode or size)");
+  if (shm_id < 0) return Status(StatusCode::kAlreadyExists, "shmget: no free key in 16 tries");
+  void* map = ::shmat(shm_id, nullptr, 0);
+  if (map == reinterpret_cast<void*>(-1)) {
+    const int e = errno;
+    ::shmctl(shm_id, IPC_RMID, nullptr);
+    return Status::FromErrno(e, "shmat");
   }
-  File f;
-  f.bytes = static_cast<size_t>(st.st_size);
-  f.map = ::mmap(nullptr, f.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-  if (f.map == MAP_FAILED) return Status::FromErrno(errno, "mmap " + name);
-  const std::span<std::byte> mem(static_cast<std::byte*>(f.map), f.bytes);
   const uint32_t durability = config_.durability == Durability::kSynced ? ring::kDurabilitySynced
                                                                          : ring::kDurabilityAccepted;
-  if (fresh) ring::Ring::Format(mem, config_.ring_lanes, config_.ring_lane_bytes, uid, durability);
+  ring::Ring::Format(std::span(static_cast<std::byte*>(map), bytes), config_.ring_lanes,
+                     config_.ring_lane_bytes, uid, durability);
+  // Only now may the uid attach it: the owner is the uid, the creator stays
+  // the daemon.
+  shmid_ds ds{};
+  if (::shmctl(shm_id, IPC_STAT, &ds) != 0 ||
+      (ds.shm_perm.uid = uid, ds.shm_perm.mode = 0600, ::shmctl(shm_id, IPC_SET, &ds) != 0)) {
+    const int e = errno;
+    ::shmdt(map);
+    ::shmctl(shm_id, IPC_RMID, nullptr);
+    return Status::FromErrno(e, "shmctl IPC_SET");
+  }
+  if (Status s = WriteRecord(uid, key, shm_id); !s.ok()) {
+    ::shmdt(map);
+    ::shmctl(shm_id, IPC_RMID, nullptr);
+    return s;
+  }
+  ::shmdt(map);
+  if (Status s = AttachRing(uid, key, shm_id); !s.ok()) return s;
+  PS_LOG_INFO("ring for uid %u created (shm id %d): %u lanes of %u bytes", static_cast<unsigned>(uid),
+              shm_id, config_.ring_lanes, config_.ring_lane_bytes);
+  return Status::Ok();
+}
+
+Status RealRings::AttachRing(uid_t uid, key_t key, int shm_id) {
+  shmid_ds ds{};
+  if (::shmctl(shm_id, IPC_STAT, &ds) != 0) {
+    return Status::FromErrno(errno, "shm id " + std::to_string(shm_id) + " (gone after a reboot or ipcrm)");
+  }
+  if (ds.shm_perm.__key != key || ds.shm_perm.cuid != ::geteuid() ||
+      ds.shm_segsz < ring::kHeaderBytes ||
+      ds.shm_segsz > ring::RingBytes(ring::kLanesMax, ring::kLaneBytesMax)) {
+    return Status(StatusCode::kCorruption,
+                  "shm id " + std::to_string(shm_id) + " is not a ring of this daemon (key, creator or size)");
+  }
+  // The owner may have changed owner or mode (IPC_SET): as the creator, the
+  // daemon puts them back, so that the segment serves its uid and no other.
+  if (ds.shm_perm.uid != uid || (ds.shm_perm.mode & 0777) != 0600) {
+    ds.shm_perm.uid = uid;
+    ds.shm_perm.mode = 0600;
+    if (::shmctl(shm_id, IPC_SET, &ds) != 0) return Status::FromErrno(errno, "shmctl IPC_SET");
+  }
+  void* map = ::shmat(shm_id, nullptr, 0);
+  if (map == reinterpret_cast<void*>(-1)) return Status::FromErrno(errno, "shmat");
+  Segment seg;
+  seg.shm_id = shm_id;
+  seg.map = map;
+  seg.bytes = ds.shm_segsz;
+  seg.retired = (ds.shm_perm.mode & SHM_DEST) != 0;
   Entry e;
   e.uid = uid;
   std::string why;
-  if (!ring::Ring::Open(mem, &e.ring, &why)) {
-    ::munmap(f.map, f.bytes);
-    return Status(StatusCode::kCorruption, name + ": " + why);
+  if (!ring::Ring::Open(std::span(static_cast<std::byte*>(map), seg.bytes), &e.ring, &why)) {
+    ::shmdt(map);
+    return Status(StatusCode::kCorruption, "shm id " + std::to_string(shm_id) + ": " + why);
   }
+  const uint32_t durability = config_.durability == Durability::kSynced ? ring::kDurabilitySynced
+                                                                         : ring::kDurabilityAccepted;
   e.ring.durability().store(durability, std::memory_order_relaxed);
   e.ring.doorbell().store(0, std::memory_order_relaxed);
-  f.fd = std::move(fd);
-  files_.push_back(std::move(f));
+  if (seg.retired) {
+    // Removed by its user: read what it holds this run, then let it go.
+    ::unlinkat(dir_fd_.get(), (std::to_string(uid) + ".shm").c_str(), 0);
+  }
+  segments_.push_back(seg);
   entries_.push_back(e);
   {
     std::lock_guard lock(doorbells_mu_);
     doorbells_.push_back(reinterpret_cast<uint32_t*>(e.ring.base() + ring::kOffDoorbell));
   }
   metrics_->rings.store(entries_.size(), std::memory_order_relaxed);
-  if (fresh) {
-    PS_LOG_INFO("ring for uid %u created: %u lanes of %u bytes", static_cast<unsigned>(uid),
-                e.ring.lane_count(), e.ring.lane_bytes());
+  return Status::Ok();
+}
+
+Status RealRings::WriteRecord(uid_t uid, key_t key, int shm_id) {
+  const std::string name = std::to_string(uid) + ".shm";
+  const std::string tmp = "." + name + ".tmp";
+  char text[64];
+  const int n = std::snprintf(text, sizeof text, "%s %d %d\n", kRecordMagic, static_cast<int>(key), shm_id);
+  ::unlinkat(dir_fd_.get(), tmp.c_str(), 0);
+  UniqueFd fd(::openat(dir_fd_.get(), tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                       0600));
+  if (!fd.valid()) return Status::FromErrno(errno, "create " + tmp);
+  if (::write(fd.get(), text, static_cast<size_t>(n)) != n) {
+    const int e = errno;
+    ::unlinkat(dir_fd_.get(), tmp.c_str(), 0);
+    return Status::FromErrno(e == 0 ? EIO : e, "write " + tmp);
+  }
+  if (::renameat(dir_fd_.get(), tmp.c_str(), dir_fd_.get(), name.c_str()) != 0) {
+    const int e = errno;
+    ::unlinkat(dir_fd_.get(), tmp.c_str(), 0);
+    return Status::FromErrno(e, "rename " + tmp);
   }
   return Status::Ok();
 }
 
-Status RealRings::ForUid(uid_t uid, int* fd) {
+bool RealRings::Removed(const Segment& seg) const {
+  shmid_ds ds{};
+  return ::shmctl(seg.shm_id, IPC_STAT, &ds) != 0 || (ds.shm_perm.mode & SHM_DEST) != 0;
+}
+
+Status RealRings::ForUid(uid_t uid, int* shm_id) {
   if (!dir_fd_.valid()) return Status(StatusCode::kUnsupported, "rings are off (ring_dir is empty)");
   for (size_t i = 0; i < entries_.size(); ++i) {
-    if (entries_[i].uid == uid) {
-      *fd = files_[i].fd.get();
+    if (entries_[i].uid != uid || segments_[i].retired) continue;
+    if (!Removed(segments_[i])) {
+      *shm_id = segments_[i].shm_id;
       return Status::Ok();
     }
+    // Its user removed it (ipcrm, or logind at logout): the daemon still
+    // reads it, but nobody can attach it any more. A new one replaces it.
+    segments_[i].retired = true;
+    PS_LOG_INFO("ring of uid %u (shm id %d) was removed by its user: a new one replaces it",
+                static_cast<unsigned>(uid), segments_[i].shm_id);
   }
   if (entries_.size() >= config_.ring_uids_max) {
     return Status(StatusCode::kUnsupported, "ring_uids_max rings exist");
   }
   if (std::find(refused_.begin(), refused_.end(), uid) != refused_.end()) {
-    return Status(StatusCode::kUnsupported, "this uid's ring file could not be made");
+    return Status(StatusCode::kUnsupported, "this uid's ring could not be made");
   }
-  if (Status s = OpenRing(uid, true); !s.ok()) {
-    if (s.code() == StatusCode::kCorruption) {
-      // Something else under the name: keep it for a person, make a new one.
-      const std::string name = std::to_string(uid) + ".ring";
-      const std::string aside = name + ".bad-" + std::to_string(::time(nullptr));
-      PS_LOG_WARNING("ring_dir %s: %s; renamed to %s", config_.ring_dir.c_str(),
-                     s.message().c_str(), aside.c_str());
-      if (::renameat(dir_fd_.get(), name.c_str(), dir_fd_.get(), aside.c_str()) == 0) {
-        s = OpenRing(uid, true);
-      }
-    }
-    if (!s.ok()) {
-      PS_LOG_ERROR("ring for uid %u: %s (its processes use the socket)", static_cast<unsigned>(uid),
-                   s.ToString().c_str());
-      if (refused_.size() < 1024) refused_.push_back(uid);
-      return Status(StatusCode::kUnsupported, s.message());
-    }
+  // A removed ring stays attached (and in memory) until the daemon stops:
+  // one replacement per uid and run bounds what removing costs the node.
+  size_t removed = 0;
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    if (entries_[i].uid == uid && segments_[i].retired) ++removed;
   }
-  *fd = files_.back().fd.get();
+  if (removed >= 2) {
+    return Status(StatusCode::kUnsupported,
+                  "this uid removed its ring twice: its processes use the socket until the daemon "
+                  "restarts");
+  }
+  if (Status s = CreateRing(uid); !s.ok()) {
+    PS_LOG_ERROR("ring for uid %u: %s (its processes use the socket)", static_cast<unsigned>(uid),
+                 s.ToString().c_str());
+    if (refused_.size() < 1024) refused_.push_back(uid);
+    return Status(StatusCode::kUnsupported, s.message());
+  }
+  *shm_id = segments_.back().shm_id;
   return Status::Ok();
 }
 
@@ -251,9 +363,27 @@ void RealRings::Awake() {
   Futex(reinterpret_cast<uint32_t*>(&state_), FUTEX_WAKE_PRIVATE, 1);
 }
 
+void RealRings::WakeLoop() {
+  uint32_t expected = 1;
+  if (state_.compare_exchange_strong(expected, 2)) {
+    const uint64_t one = 1;
+    if (::write(wake_fd_.get(), &one, sizeof one) < 0) {
+      // EAGAIN: the counter is full, so the loop is being woken anyway.
+    }
+  }
+}
+
 void RealRings::DoorbellThread() {
+  using SteadyClock = std::chrono::steady_clock;
   uint32_t* state = reinterpret_cast<uint32_t*>(&state_);
   std::vector<WaitV> waitv;
+  std::vector<size_t> ring_of;  // waitv index - 1 -> doorbell index
+  // Per doorbell: when it last woke the loop, and until when it is not
+  // waited on. A producer rings at most once per sleep of the loop, but a
+  // process can write the word and wake it at will: each doorbell wakes
+  // the loop at most once per kDoorbellGap, so what one uid can cost the
+  // daemon this way is bounded (its own posts wait up to that long).
+  std::vector<SteadyClock::time_point> last_wake, muted_until;
   bool warned = false;
   for (;;) {
     const uint32_t s = state_.load();
@@ -262,37 +392,84 @@ void RealRings::DoorbellThread() {
       Futex(state, FUTEX_WAIT_PRIVATE, s);
       continue;
     }
+    const auto now = SteadyClock::now();
+    auto until = SteadyClock::time_point::max();
     waitv.clear();
+    ring_of.clear();
     waitv.push_back(WaitV{1, reinterpret_cast<uintptr_t>(state), FUTEX_32 | FUTEX_PRIVATE_FLAG, 0});
     {
       std::lock_guard lock(doorbells_mu_);
-      for (uint32_t* d : doorbells_) waitv.push_back(WaitV{1, reinterpret_cast<uintptr_t>(d), FUTEX_32, 0});
+      last_wake.resize(doorbells_.size());
+      muted_until.resize(doorbells_.size());
+      for (size_t i = 0; i < doorbells_.size(); ++i) {
+        if (muted_until[i] > now) {
+          until = std::min(until, muted_until[i]);
+          continue;
+        }
+        waitv.push_back(WaitV{1, reinterpret_cast<uintptr_t>(doorbells_[i]), FUTEX_32, 0});
+        ring_of.push_back(i);
+      }
     }
-    const long r = ::syscall(SYS_futex_waitv, waitv.data(), waitv.size(), 0, nullptr, CLOCK_MONOTONIC);
-    if (r < 0 && (errno == ENOSYS || errno == EPERM)) {
+    timespec timeout{};
+    if (until != SteadyClock::time_point::max()) {
+      // futex_waitv takes an absolute CLOCK_MONOTONIC time, steady_clock's.
+      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(until.time_since_epoch()).count();
+      timeout.tv_sec = static_cast<time_t>(ns / 1000000000);
+      timeout.tv_nsec = static_cast<long>(ns % 1000000000);
+    }
+    const long r = ::syscall(SYS_futex_waitv, waitv.data(), waitv.size(), 0,
+                             until == SteadyClock::time_point::max() ? nullptr : &timeout,
+                             CLOCK_MONOTONIC);
+    const int err = r < 0 ? errno : 0;
+    if (r < 0 && (err == ENOSYS || err == EPERM)) {
       // Before Linux 5.16 (or a seccomp filter without it): no waiting on
       // several words. The loop is woken every millisecond instead, a cost
       // only while it is idle.
       if (!warned) {
         PS_LOG_WARNING("futex_waitv: %s: the idle ingest loop polls the rings every millisecond",
-                       std::strerror(errno));
+                       std::strerror(err));
         warned = true;
       }
       timespec ts{0, 1000000};
       ::nanosleep(&ts, nullptr);
-    } else if (r == 0) {
-      continue;  // woken on state_: the loop is awake, nothing rang
+      WakeLoop();
+      continue;
     }
-    if (r < 0 && errno == EINTR) continue;
-    // A doorbell was rung (or changed under us): wake the loop unless it
-    // woke on its own meanwhile.
-    uint32_t expected = 1;
-    if (state_.compare_exchange_strong(expected, 2)) {
-      const uint64_t one = 1;
-      if (::write(wake_fd_.get(), &one, sizeof one) < 0) {
-        // EAGAIN: the counter is full, so the loop is being woken anyway.
+    if (r == 0 || err == EINTR) continue;  // woken on state_: the loop is awake
+    if (err == ETIMEDOUT) {
+      // A muted doorbell's time is up: whatever its producers posted
+      // meanwhile is read now, and that counts as its wake-up.
+      const auto t = SteadyClock::now();
+      {
+        std::lock_guard lock(doorbells_mu_);
+        for (size_t i = 0; i < muted_until.size(); ++i) {
+          if (muted_until[i] != SteadyClock::time_point{} && muted_until[i] <= t) {
+            muted_until[i] = SteadyClock::time_point{};
+            last_wake[i] = t;
+          }
+        }
+      }
+      WakeLoop();
+      continue;
+    }
+    // Which doorbells rang: the one that woke us, or (EAGAIN: a word was
+    // not 1 when we began) every one that is not 1 now.
+    const auto woke = SteadyClock::now();
+    bool wake = false;
+    std::lock_guard lock(doorbells_mu_);
+    for (size_t k = 0; k < ring_of.size(); ++k) {
+      const bool rang = r > 0 ? static_cast<size_t>(r) == k + 1
+                              : __atomic_load_n(doorbells_[ring_of[k]], __ATOMIC_RELAXED) != 1;
+      if (!rang) continue;
+      const size_t i = ring_of[k];
+      if (woke - last_wake[i] < kDoorbellGap) {
+        muted_until[i] = last_wake[i] + kDoorbellGap;
+      } else {
+        last_wake[i] = woke;
+        wake = true;
       }
     }
+    if (wake || (r < 0 && err != EAGAIN)) WakeLoop();
   }
 }
 

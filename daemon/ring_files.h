@@ -1,16 +1,25 @@
-// The RingPort (ports.h) on real files: one ring file per uid in ring_dir
-// (tmpfs, the daemon's own directory, mode 0700; files 0600), mapped
-// MAP_SHARED, and a doorbell thread that sleeps in futex_waitv on every
-// ring's doorbell word while the ingest loop sleeps.
+// The RingPort (ports.h) on System V shared memory: one segment per uid,
+// made by the daemon, whose size nobody can change afterwards (a file or an
+// unsealed descriptor could be truncated under the daemon's mapping, which
+// then faults, or grown to fill the filesystem). The segment's owner is the
+// uid it serves (mode 0600), so only that uid's processes attach it; its
+// creator stays the daemon. ring_dir (the daemon's own directory, mode 0700)
+// keeps one small record per ring, `<uid>.shm` (key and id), so that a
+// restarted daemon reads the posts still in its rings. A doorbell thread
+// sleeps in futex_waitv on every ring's doorbell word while the ingest loop
+// sleeps.
 //
-// Nobody but the daemon opens a ring file by name: a process gets its uid's
-// ring as a descriptor over the socket (SCM_RIGHTS, after SO_PEERCRED), so a
-// user can map only their own ring and no name can be squatted.
+// A process gets its uid's ring id over the socket (after SO_PEERCRED).
+// Whatever a user does to its own segment (shmctl IPC_RMID or IPC_SET,
+// scribbling over it) costs only that user's posts: the daemon's mapping
+// stays valid and of the same size.
 #pragma once
 
+#include <sys/ipc.h>
 #include <sys/types.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -32,7 +41,7 @@ class RealRings final : public RingPort {
   RealRings& operator=(const RealRings&) = delete;
 
   // Creates ring_dir if needed (checking it is the daemon's own and no one
-  // else's to enter), opens every ring file already there (posts made
+  // else's to enter), attaches every ring its records name (posts made
   // before a restart), starts the doorbell thread. Nothing to do when
   // ring_dir is empty.
   Status Open();
@@ -41,28 +50,37 @@ class RealRings final : public RingPort {
   int wake_fd() const { return wake_fd_.get(); }
   void DrainWakeFd();
 
-  Status ForUid(uid_t uid, int* fd) override;
+  Status ForUid(uid_t uid, int* shm_id) override;
   const std::vector<Entry>& entries() const override { return entries_; }
   bool OwnerAlive(uint64_t identity) override;
   void Sleep() override;
   void Awake() override;
 
  private:
-  struct File {
-    UniqueFd fd;
+  struct Segment {
+    int shm_id = -1;
     void* map = nullptr;
     size_t bytes = 0;
+    // Removed by its user (IPC_RMID, or logind's RemoveIPC at logout): still
+    // read until the daemon stops, never handed out again.
+    bool retired = false;
   };
-  Status OpenRing(uid_t uid, bool create);
+  Status CreateRing(uid_t uid);
+  Status AttachRing(uid_t uid, key_t key, int shm_id);
+  bool Removed(const Segment& s) const;
+  Status WriteRecord(uid_t uid, key_t key, int shm_id);
   void DoorbellThread();
+  void WakeLoop();
+  // The least time between two wake-ups of the loop by one ring's doorbell.
+  static constexpr std::chrono::milliseconds kDoorbellGap{1};
 
   const Config& config_;
   Metrics* metrics_;
   UniqueFd dir_fd_;
   UniqueFd wake_fd_;
   std::vector<Entry> entries_;  // the loop's thread only
-  std::vector<File> files_;
-  std::vector<uid_t> refused_;  // uids whose ring file could not be made (logged once)
+  std::vector<Segment> segments_;  // parallel to entries_
+  std::vector<uid_t> refused_;  // uids whose ring could not be made (logged once)
 
   // The doorbell thread: state_ 0 = the loop is awake (the thread waits on
   // state_), 1 = the loop sleeps (the thread waits on every doorbell and

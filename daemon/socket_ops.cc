@@ -19,25 +19,10 @@ bool ReadPeerCred(int fd, PeerCred* out) {
   return true;
 }
 
-bool SendPacket(int fd, std::span<const std::byte> packet, int pass_fd) {
-  iovec iov{const_cast<std::byte*>(packet.data()), packet.size()};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-  if (pass_fd >= 0) {
-    std::memset(control, 0, sizeof control);
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
-  }
+bool SendPacket(int fd, std::span<const std::byte> packet) {
   ssize_t n;
   do {
-    n = ::sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    n = ::send(fd, packet.data(), packet.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
   } while (n < 0 && errno == EINTR);
   return n == static_cast<ssize_t>(packet.size());
 }

@@ -16,7 +16,7 @@ bool ReadPeerCred(int fd, PeerCred* out);
 
 // sendmsg(MSG_DONTWAIT | MSG_NOSIGNAL), EINTR retried, passing `pass_fd`
 // (SCM_RIGHTS) unless it is -1; true if all was sent.
-bool SendPacket(int fd, std::span<const std::byte> packet, int pass_fd = -1);
+bool SendPacket(int fd, std::span<const std::byte> packet);
 
 // accept() failing with EMFILE, ENFILE, ENOBUFS or ENOMEM fails again at once
 // until something changes: re-arming at once spins a core and floods the

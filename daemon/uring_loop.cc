@@ -179,9 +179,6 @@ class UringLoop final : public IoLoop {
   }
 
   bool Send(int fd, std::span<const std::byte> packet) override { return SendPacket(fd, packet); }
-  bool SendWithFd(int fd, std::span<const std::byte> packet, int pass_fd) override {
-    return SendPacket(fd, packet, pass_fd);
-  }
 
   void Close(int fd) override { ::close(fd); }
 

@@ -89,7 +89,7 @@ class Ring {
  public:
   Ring() = default;
   // Writes a fresh header and zeroes every lane header (the daemon, on a
-  // ring file it just created). `mem` must be RingBytes(...) long and
+  // ring it just created). `mem` must be RingBytes(...) long and
   // page-aligned.
   static void Format(std::span<std::byte> mem, uint32_t lane_count, uint32_t lane_bytes,
                      uint32_t uid, uint32_t durability);

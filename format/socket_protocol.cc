@@ -27,7 +27,7 @@ void EncodeAck(const Ack& ack, std::span<std::byte, kAckBytes> out) {
   StoreLe16(out.data() + 6, static_cast<uint16_t>(ack.status));
   StoreLe64(out.data() + 8, ack.request_id);
   StoreLe32(out.data() + 16, ack.records);
-  StoreLe32(out.data() + 20, 0);
+  StoreLe32(out.data() + 20, ack.ring_id);
 }
 
 bool DecodeAck(std::span<const std::byte> packet, Ack* ack) {
@@ -39,6 +39,7 @@ bool DecodeAck(std::span<const std::byte> packet, Ack* ack) {
   ack->status = static_cast<AckStatus>(status);
   ack->request_id = LoadLe64(packet.data() + 8);
   ack->records = LoadLe32(packet.data() + 16);
+  ack->ring_id = LoadLe32(packet.data() + 20);
   return true;
 }
 

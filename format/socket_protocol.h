@@ -39,6 +39,8 @@ struct Ack {
   AckStatus status = AckStatus::kAccepted;
   uint64_t request_id = 0;
   uint32_t records = 0;  // records taken from the request (all or none)
+  // An accepted ring request: the System V shared memory id of the ring.
+  uint32_t ring_id = 0;
 };
 
 void EncodeRequestHeader(const RequestHeader& h, std::span<std::byte, kRequestHeaderBytes> out);

@@ -1,7 +1,9 @@
 #include "daemon_process.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/shm.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -56,7 +58,27 @@ void DaemonProcess::WriteConfig() const {
 
 DaemonProcess::~DaemonProcess() {
   if (pid_ > 0) Kill();
-  if (std::getenv("POSTSPOOL_KEEP_TEST_DIRS") == nullptr) RemoveTree(root_);
+  if (std::getenv("POSTSPOOL_KEEP_TEST_DIRS") == nullptr) {
+    RemoveRings(ring_dir());
+    RemoveTree(root_);
+  }
+}
+
+// The rings outlive the daemon (System V segments, FORMAT.md): a test's
+// are removed with its directories, or every test would leave its rings
+// in the machine's memory until a reboot.
+void RemoveRings(const std::string& ring_dir) {
+  DIR* d = ::opendir(ring_dir.c_str());
+  if (d == nullptr) return;
+  while (dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.size() < 5 || name.compare(name.size() - 4, 4, ".shm") != 0) continue;
+    std::ifstream in(ring_dir + "/" + name);
+    std::string magic;
+    int key = 0, id = -1;
+    if (in >> magic >> key >> id && id >= 0) ::shmctl(id, IPC_RMID, nullptr);
+  }
+  ::closedir(d);
 }
 
 bool DaemonProcess::Start() {

@@ -24,7 +24,7 @@ class DaemonProcess {
     std::vector<std::string> extra_config;
   };
   explicit DaemonProcess(Options options);
-  ~DaemonProcess();  // kills a running daemon, removes the directory tree
+  ~DaemonProcess();  // kills a running daemon, removes its rings and the directory tree
   DaemonProcess(const DaemonProcess&) = delete;
   DaemonProcess& operator=(const DaemonProcess&) = delete;
 
@@ -64,5 +64,7 @@ class DaemonProcess {
 
 // Removes a directory tree (rm -rf), for test cleanup.
 void RemoveTree(const std::string& path);
+// Removes the System V segments that the ring records in ring_dir name.
+void RemoveRings(const std::string& ring_dir);
 
 }  // namespace postspool::testing

@@ -32,13 +32,16 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/shm.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -1242,9 +1245,25 @@ TEST_F(Hostile, UsersCannotReadListDeleteOrReplaceEachOthersSpooledPosts) {
 
 // --- The per-uid shared-memory ring.
 
+// utime + stime of a process, in seconds (/proc/<pid>/stat).
+double ProcessCpuSeconds(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(f)), {});
+  const size_t close = text.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream in(text.substr(close + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && in >> field; ++i) {
+    if (i == 14 || i == 15) ticks += std::stod(field);
+  }
+  return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
 // Asks the daemon for this uid's ring the way libpostspool does (a request
-// of no records) and returns the descriptor it passed, or -errno.
-int RequestRingFd(const std::string& socket_path) {
+// of no records) and returns the System V shared memory id it answered
+// with, or -errno (-EPROTO also if it passed a descriptor).
+int RequestRingId(const std::string& socket_path) {
   const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   if (fd < 0) return -errno;
   sockaddr_un addr{};
@@ -1272,32 +1291,36 @@ int RequestRingFd(const std::string& socket_path) {
   msg.msg_controllen = sizeof control;
   const ssize_t n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
   ::close(fd);
+  if (msg.msg_controllen != 0) return -EPROTO;
   wire::Ack ack;
-  if (n <= 0 || !wire::DecodeAck(std::span(buf.data(), static_cast<size_t>(n)), &ack) ||
-      ack.status != wire::AckStatus::kAccepted) {
-    return -EPROTO;
-  }
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-      int ring;
-      std::memcpy(&ring, CMSG_DATA(c), sizeof ring);
-      return ring;
-    }
-  }
-  return -EPROTO;
+  if (n <= 0 || !wire::DecodeAck(std::span(buf.data(), static_cast<size_t>(n)), &ack)) return -EPROTO;
+  if (ack.status != wire::AckStatus::kAccepted) return -EAGAIN;
+  return static_cast<int>(ack.ring_id);
 }
 
-// The uid a ring file says it belongs to (its header), or -1.
-int64_t RingUid(int fd) {
+// The ring id that the daemon's record in ring_dir names for `uid`, or -1.
+int RecordedRingId(const std::string& ring_dir, uid_t uid) {
+  std::ifstream in(ring_dir + "/" + std::to_string(uid) + ".shm");
+  std::string magic;
+  int key = 0, id = -1;
+  if (!(in >> magic >> key >> id)) return -1;
+  return id;
+}
+
+// The uid a ring says it belongs to (its header), or -1.
+int64_t RingUid(int shm_id) {
+  void* map = ::shmat(shm_id, nullptr, SHM_RDONLY);
+  if (map == reinterpret_cast<void*>(-1)) return -1;
   uint32_t uid = 0;
-  if (::pread(fd, &uid, sizeof uid, ring::kOffUid) != sizeof uid) return -1;
+  std::memcpy(&uid, static_cast<const std::byte*>(map) + ring::kOffUid, sizeof uid);
+  ::shmdt(map);
   return uid;
 }
 
 TEST_F(Hostile, AUserCannotObtainOpenOrMapAnotherUsersRing) {
   StartDaemon();
   // The victim posts (its second post attaches the ring) and stays alive,
-  // holding the ring mapped.
+  // holding the ring attached.
   PostPlan plan = Plan("ring-owner");
   plan.posts = 1000000;
   plan.pause_us = 20000;
@@ -1305,33 +1328,49 @@ TEST_F(Hostile, AUserCannotObtainOpenOrMapAnotherUsersRing) {
   Pipe stop;
   std::string report;
   auto victim = StartPostsAs(victim_, plan, &report, stop.read_end());
-  const std::string victim_ring = daemon_->ring_dir() + "/" + std::to_string(victim_.uid) + ".ring";
-  ASSERT_TRUE(WaitUntil([&] { return ::access(victim_ring.c_str(), F_OK) == 0; }, 10000ms))
+  const std::string ring_dir = daemon_->ring_dir();
+  const std::string victim_record = ring_dir + "/" + std::to_string(victim_.uid) + ".shm";
+  ASSERT_TRUE(WaitUntil([&] { return RecordedRingId(ring_dir, victim_.uid) >= 0; }, 10000ms))
       << "the victim's ring was never made";
-  struct stat ring_st{};
-  ASSERT_EQ(::stat(victim_ring.c_str(), &ring_st), 0);
-  EXPECT_EQ(ring_st.st_uid, ::geteuid());
-  EXPECT_EQ(ring_st.st_mode & 07777, 0600u);
+  const int victim_ring = RecordedRingId(ring_dir, victim_.uid);
+  shmid_ds ds{};
+  ASSERT_EQ(::shmctl(victim_ring, IPC_STAT, &ds), 0);
+  EXPECT_EQ(ds.shm_perm.uid, victim_.uid);
+  EXPECT_EQ(ds.shm_perm.cuid, ::geteuid());
+  EXPECT_EQ(ds.shm_perm.mode & 0777, 0600u);
 
   Pipe result;
-  const std::string socket_path = daemon_->socket_path(), ring_dir = daemon_->ring_dir();
+  const std::string socket_path = daemon_->socket_path();
   const pid_t daemon_pid = daemon_->pid(), victim_pid = victim->pid();
-  const ino_t victim_ino = ring_st.st_ino;
   const uid_t attacker_uid = attacker_.uid;
   ChildAs attacker(attacker_, {result.write_end()}, [=] {
     std::string out;
     auto tried = [&](const std::string& what, int err) {
       out += what + " " + std::to_string(err) + "\n";
     };
-    // By name, for reading and for writing.
+    // The daemon's record, by name, for reading and for writing.
     for (int flags : {O_RDONLY, O_RDWR}) {
-      const int fd = ::open(victim_ring.c_str(), flags | O_CLOEXEC);
-      tried(flags == O_RDONLY ? "open-ring-read" : "open-ring-write", fd >= 0 ? 0 : errno);
+      const int fd = ::open(victim_record.c_str(), flags | O_CLOEXEC);
+      tried(flags == O_RDONLY ? "open-record-read" : "open-record-write", fd >= 0 ? 0 : errno);
       if (fd >= 0) ::close(fd);
     }
     DIR* d = ::opendir(ring_dir.c_str());
     tried("list-ring-dir", d != nullptr ? 0 : errno);
     if (d != nullptr) ::closedir(d);
+    // The segment itself: attach, read its state, change or remove it.
+    void* map = ::shmat(victim_ring, nullptr, 0);
+    tried("attach-victim-ring", map != reinterpret_cast<void*>(-1) ? 0 : errno);
+    if (map != reinterpret_cast<void*>(-1)) ::shmdt(map);
+    map = ::shmat(victim_ring, nullptr, SHM_RDONLY);
+    tried("attach-victim-ring-read", map != reinterpret_cast<void*>(-1) ? 0 : errno);
+    if (map != reinterpret_cast<void*>(-1)) ::shmdt(map);
+    shmid_ds st{};
+    tried("stat-victim-ring", ::shmctl(victim_ring, IPC_STAT, &st) == 0 ? 0 : errno);
+    shmid_ds set{};
+    set.shm_perm.uid = attacker_uid;
+    set.shm_perm.mode = 0666;
+    tried("set-victim-ring", ::shmctl(victim_ring, IPC_SET, &set) == 0 ? 0 : errno);
+    tried("remove-victim-ring", ::shmctl(victim_ring, IPC_RMID, nullptr) == 0 ? 0 : errno);
     // Through the daemon's and the victim's descriptors and mappings.
     int fd_opened = 0, fd_errno = 0;
     for (int n = 0; n < 256; ++n) {
@@ -1356,12 +1395,10 @@ TEST_F(Hostile, AUserCannotObtainOpenOrMapAnotherUsersRing) {
     tried("open-victim-mem", memfd >= 0 ? 0 : errno);
     if (memfd >= 0) ::close(memfd);
     // Asking the daemon gives the attacker its own ring, never the victim's.
-    const int own = RequestRingFd(socket_path);
-    struct stat st{};
-    const bool own_ok = own >= 0 && ::fstat(own, &st) == 0 && st.st_ino != victim_ino &&
+    const int own = RequestRingId(socket_path);
+    const bool own_ok = own >= 0 && own != victim_ring &&
                         RingUid(own) == static_cast<int64_t>(attacker_uid);
     tried("daemon-gives-another-ring", own_ok ? EACCES : 0);
-    if (own >= 0) ::close(own);
     ChildSay(3, out);
     return 0;
   });
@@ -1379,10 +1416,136 @@ TEST_F(Hostile, AUserCannotObtainOpenOrMapAnotherUsersRing) {
     EXPECT_TRUE(err == EACCES || err == EPERM)
         << what << " gave " << (err == 0 ? "success" : std::strerror(err));
   }
-  EXPECT_EQ(attempts, 8) << text;
+  EXPECT_EQ(attempts, 13) << text;
+  ASSERT_EQ(::shmctl(victim_ring, IPC_STAT, &ds), 0);
+  EXPECT_EQ(ds.shm_perm.uid, victim_.uid);
+  EXPECT_EQ(ds.shm_perm.mode & (0777 | SHM_DEST), 0600u);
   const PostReport posted = ReadPostReport(report);
   EXPECT_GT(posted.Count(POSTSPOOL_TRANSPORT_RING), 0) << posted.Summary();
   ExpectArrivedAsPosted(posted, victim_);
+}
+
+// Issue 18.1 and 18.2: a user has write access to its own ring, and tries
+// to make the daemon fault on it (shrink it) or to take the node's memory
+// with it (grow it, or have it replaced again and again). The size is the
+// daemon's; removing costs the remover its ring, once replaced, and only
+// its own memory.
+TEST_F(Hostile, AUserCannotShrinkGrowOrMultiplyTheMemoryOfItsRing) {
+  StartDaemon();
+  std::string victim_report;
+  PostPlan victim_plan = Plan("beside-the-resizer");
+  victim_plan.pause_us = 2000;
+  auto victim = StartPostsAs(victim_, victim_plan, &victim_report);
+
+  const std::string socket_path = daemon_->socket_path();
+  const uint64_t ring_bytes = ring::RingBytes(128, 32 * 1024);
+  Pipe result;
+  ChildAs attacker(attacker_, {result.write_end()}, [=] {
+    std::string out;
+    auto said = [&](const std::string& what, long value) {
+      out += what + " " + std::to_string(value) + "\n";
+    };
+    const int first = RequestRingId(socket_path);
+    said("first-id", first);
+    if (first < 0) {
+      ChildSay(3, out);
+      return 10;
+    }
+    void* map = ::shmat(first, nullptr, 0);
+    said("attach-own", map != reinterpret_cast<void*>(-1) ? 0 : errno);
+    shmid_ds ds{};
+    said("stat-own", ::shmctl(first, IPC_STAT, &ds) == 0 ? 0 : errno);
+    // Grow or shrink it: by the key with another size, through the
+    // mapping's file in /proc.
+    said("shmget-larger", ::shmget(ds.shm_perm.__key, ring_bytes * 16, 0) >= 0 ? 0 : errno);
+    said("shmget-smaller", ::shmget(ds.shm_perm.__key, 4096, 0) >= 0 ? 0 : errno);
+    int map_file_errno = ENOENT;
+    if (map != reinterpret_cast<void*>(-1)) {
+      char path[128];
+      const auto begin = reinterpret_cast<uintptr_t>(map);
+      std::snprintf(path, sizeof path, "/proc/self/map_files/%lx-%lx", static_cast<unsigned long>(begin),
+                    static_cast<unsigned long>(begin + ds.shm_segsz));
+      const int fd = ::open(path, O_RDWR | O_CLOEXEC);
+      map_file_errno = fd >= 0 ? 0 : errno;
+      if (fd >= 0) {
+        map_file_errno = ::ftruncate(fd, 0) == 0 ? 0 : errno;
+        ::close(fd);
+      }
+      // Touch every page of its own ring: its own memory, bounded.
+      std::memset(static_cast<std::byte*>(map) + ring::kHeaderBytes, 0xa5,
+                  ds.shm_segsz - ring::kHeaderBytes);
+      ::shmdt(map);
+    }
+    said("truncate-map-file", map_file_errno);
+    // Give it to everyone, then remove it: the daemon replaces it once.
+    shmid_ds set = ds;
+    set.shm_perm.mode = 0666;
+    said("set-own-mode", ::shmctl(first, IPC_SET, &set) == 0 ? 0 : errno);
+    said("remove-own", ::shmctl(first, IPC_RMID, nullptr) == 0 ? 0 : errno);
+    const int second = RequestRingId(socket_path);
+    said("second-is-new", second >= 0 && second != first ? 1 : 0);
+    said("remove-second", second >= 0 && ::shmctl(second, IPC_RMID, nullptr) == 0 ? 0 : errno);
+    // A third is refused: two removed rings are all one user costs.
+    for (int i = 0; i < 20; ++i) {
+      const int more = RequestRingId(socket_path);
+      if (more >= 0) {
+        said("third-granted", more);
+        ::shmctl(more, IPC_RMID, nullptr);
+      }
+    }
+    ChildSay(3, out);
+    return 0;
+  });
+  result.CloseWrite();
+  const std::string text = ReadAll(result.read_end());
+  EXPECT_EQ(attacker.Wait(), 0) << text;
+  std::map<std::string, long> said;
+  {
+    std::istringstream in(text);
+    for (std::string what; in >> what;) in >> said[what];
+  }
+  std::printf("[ figures ] resizer: %s", text.c_str());
+  EXPECT_EQ(said["attach-own"], 0);
+  EXPECT_NE(said["shmget-larger"], 0);   // EINVAL: a segment's size is fixed
+  EXPECT_EQ(said["shmget-smaller"], 0);  // allowed, and changes nothing
+  EXPECT_NE(said["truncate-map-file"], 0);
+  EXPECT_EQ(said["set-own-mode"], 0);
+  EXPECT_EQ(said["remove-own"], 0);
+  EXPECT_EQ(said["second-is-new"], 1);
+  EXPECT_EQ(said["remove-second"], 0);
+  EXPECT_EQ(said.count("third-granted"), 0u) << text;
+
+  // The daemon lives, read everything, and the attacker's uid still posts
+  // (over the socket now).
+  EXPECT_EQ(::kill(daemon_->pid(), 0), 0) << "the daemon died";
+  PostPlan after = Plan("after-the-resizing");
+  after.posts = 40;
+  after.pause_us = 0;
+  const PostReport after_posts = PostAs(attacker_, after);
+  EXPECT_TRUE(after_posts.fail_codes.empty()) << after_posts.Summary();
+  ExpectArrivedAsPosted(after_posts, attacker_);
+  EXPECT_EQ(victim->Wait(), 0);
+  const PostReport victim_posts = ReadPostReport(victim_report);
+  ExpectArrivedAsPosted(victim_posts, victim_);
+  EXPECT_EQ(::kill(daemon_->pid(), 0), 0) << "the daemon died";
+
+  // The memory the attacker's uid holds in segments: at most its two
+  // rings, each of the size the daemon chose.
+  shm_info info{};
+  const int max_index = ::shmctl(0, SHM_INFO, reinterpret_cast<shmid_ds*>(&info));
+  uint64_t attacker_bytes = 0;
+  int attacker_segments = 0;
+  for (int i = 0; i <= max_index; ++i) {
+    shmid_ds ds{};
+    if (::shmctl(i, SHM_STAT, &ds) < 0) continue;
+    if (ds.shm_perm.uid != attacker_.uid) continue;
+    ++attacker_segments;
+    attacker_bytes += ds.shm_segsz;
+    EXPECT_EQ(ds.shm_segsz, ring_bytes);
+  }
+  std::printf("[ figures ] attacker's segments: %d, %llu bytes\n", attacker_segments,
+              static_cast<unsigned long long>(attacker_bytes));
+  EXPECT_LE(attacker_segments, 2);
 }
 
 TEST_F(Hostile, AProcessScribblingOverItsOwnRingIsCountedAndEveryoneElsesPostsArrive) {
@@ -1404,13 +1567,13 @@ TEST_F(Hostile, AProcessScribblingOverItsOwnRingIsCountedAndEveryoneElsesPostsAr
 
   const std::string socket_path = daemon_->socket_path();
   ChildAs scribbler(attacker_, {}, [socket_path] {
-    const int ring = RequestRingFd(socket_path);
+    const int ring = RequestRingId(socket_path);
     if (ring < 0) return 10;
-    struct stat st{};
-    if (::fstat(ring, &st) != 0) return 11;
-    const size_t bytes = static_cast<size_t>(st.st_size);
-    void* map = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, ring, 0);
-    if (map == MAP_FAILED) return 12;
+    shmid_ds st{};
+    if (::shmctl(ring, IPC_STAT, &st) != 0) return 11;
+    const size_t bytes = st.shm_segsz;
+    void* map = ::shmat(ring, nullptr, 0);
+    if (map == reinterpret_cast<void*>(-1)) return 12;
     auto* mem = static_cast<unsigned char*>(map);
     std::mt19937_64 rng(::getpid());
     const auto end = Clock::now() + 1500ms;
@@ -1453,6 +1616,56 @@ TEST_F(Hostile, AProcessScribblingOverItsOwnRingIsCountedAndEveryoneElsesPostsAr
               static_cast<unsigned long long>(m.at("ring_lanes_damaged_total")),
               static_cast<unsigned long long>(m.at("ring_lanes_reclaimed_total")));
   EXPECT_GT(m.at("ring_lanes_damaged_total"), 0u);
+}
+
+// Issue 19.3: a process can write its ring's doorbell word and wake it as
+// often as it likes. Each doorbell wakes the daemon at most once per
+// millisecond, so what this costs the daemon is bounded, and the ringing
+// uid's own posts still arrive.
+TEST_F(Hostile, RingingTheDoorbellWithoutLimitWakesTheDaemonABoundedNumberOfTimes) {
+  StartDaemon();
+  const std::string socket_path = daemon_->socket_path();
+  const uint64_t wakeups_before = daemon_->Metrics()["ring_wakeups_total"];
+  const double cpu_before = ProcessCpuSeconds(daemon_->pid());
+  const auto start = Clock::now();
+  Pipe result;
+  ChildAs ringer(attacker_, {result.write_end()}, [socket_path] {
+    const int ring = RequestRingId(socket_path);
+    if (ring < 0) return 10;
+    void* map = ::shmat(ring, nullptr, 0);
+    if (map == reinterpret_cast<void*>(-1)) return 11;
+    auto* word = reinterpret_cast<uint32_t*>(static_cast<std::byte*>(map) + ring::kOffDoorbell);
+    uint64_t rings = 0;
+    const auto end = Clock::now() + 2000ms;
+    while (Clock::now() < end) {
+      __atomic_store_n(word, 0, __ATOMIC_SEQ_CST);
+      ::syscall(SYS_futex, word, FUTEX_WAKE, 1, nullptr, nullptr, 0);
+      ++rings;
+    }
+    ChildSay(3, std::to_string(rings));
+    return 0;
+  });
+  result.CloseWrite();
+  const std::string rings = ReadAll(result.read_end());
+  EXPECT_EQ(ringer.Wait(), 0);
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  // The metrics file is written every 100 ms in these tests.
+  std::this_thread::sleep_for(300ms);
+  const uint64_t wakeups = daemon_->Metrics()["ring_wakeups_total"] - wakeups_before;
+  const double cpu = ProcessCpuSeconds(daemon_->pid()) - cpu_before;
+  std::printf("[ figures ] doorbell rung %s times in %.2f s: %llu daemon wake-ups, %.3f s of daemon CPU\n",
+              rings.c_str(), seconds, static_cast<unsigned long long>(wakeups), cpu);
+  // At most one wake-up per millisecond of the attack, with room for the
+  // wake-ups of the daemon's own timers; without the bound there is one
+  // per ring (tens of thousands a second).
+  EXPECT_LT(wakeups, static_cast<uint64_t>(seconds * 1000 * 2) + 500);
+  // The ringing uid's posts still arrive.
+  PostPlan after = Plan("after-the-ringing");
+  after.posts = 30;
+  after.pause_us = 0;
+  const PostReport after_posts = PostAs(attacker_, after);
+  EXPECT_TRUE(after_posts.fail_codes.empty()) << after_posts.Summary();
+  ExpectArrivedAsPosted(after_posts, attacker_);
 }
 
 // Forgery: the origin is the file's owner, whatever its name, header or

@@ -46,12 +46,6 @@ class SimIoLoop final : public daemon::IoLoop {
   Status AddConnection(int fd) override;
   void RemoveConnection(int fd) override;
   bool Send(int fd, std::span<const std::byte> packet) override;
-  // The simulated client gets the ring by its uid (SimNode), not by the
-  // descriptor: the packet is all that is sent.
-  bool SendWithFd(int fd, std::span<const std::byte> packet, int pass_fd) override {
-    (void)pass_fd;
-    return Send(fd, packet);
-  }
   void Close(int fd) override;
   Status Watch(int fd) override;
   void SubmitWrite(int fd, const std::byte* data, size_t bytes, uint64_t offset,

@@ -59,10 +59,10 @@ SimRingPort::SimRingPort(const daemon::Config& config, SimRingStore* store)
   }
 }
 
-Status SimRingPort::ForUid(uid_t uid, int* fd) {
+Status SimRingPort::ForUid(uid_t uid, int* shm_id) {
   for (size_t i = 0; i < entries_.size(); ++i) {
     if (entries_[i].uid == uid) {
-      *fd = static_cast<int>(1000 + i);  // SimIoLoop::SendWithFd ignores it
+      *shm_id = static_cast<int>(1000 + i);  // the simulated client finds it by uid (SimNode)
       return Status::Ok();
     }
   }
@@ -78,7 +78,7 @@ Status SimRingPort::ForUid(uid_t uid, int* fd) {
   e.ring.durability().store(durability, std::memory_order_relaxed);
   e.ring.doorbell().store(0, std::memory_order_relaxed);
   entries_.push_back(e);
-  *fd = static_cast<int>(1000 + entries_.size() - 1);
+  *shm_id = static_cast<int>(1000 + entries_.size() - 1);
   return Status::Ok();
 }
 

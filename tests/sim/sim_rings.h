@@ -60,7 +60,7 @@ class SimRingPort final : public daemon::RingPort {
  public:
   SimRingPort(const daemon::Config& config, SimRingStore* store);
 
-  Status ForUid(uid_t uid, int* fd) override;
+  Status ForUid(uid_t uid, int* shm_id) override;
   // Each call is also a point where the producers, which run concurrently
   // with the daemon, may act (set_on_entries).
   const std::vector<Entry>& entries() const override {
