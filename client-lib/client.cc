@@ -218,7 +218,15 @@ int Client::Post(const struct postspool_post* post, postspool_post_result* resul
           return Fail(SpoolErrorCode(spooled), rr.reason + "; spool: " + spooled.message(), rel_path);
         }
       }
-      DaemonSocket::Result r = state_->socket.Post(record, 1, socket_deadline);
+      // A socket post is journaled at once: it must not overtake this
+      // process's posts still waiting in its lane.
+      const bool drained = !options_.use_ring || state_->ring.WaitDrained(socket_deadline);
+      DaemonSocket::Result r = drained ? state_->socket.Post(record, 1, socket_deadline)
+                                       : DaemonSocket::Result{false,
+                                                              "not tried: the daemon did not read "
+                                                              "this process's ring posts within the "
+                                                              "budget (the socket would overtake them)",
+                                                              false};
       if (r.accepted) {
         if (result != nullptr) result->transport = POSTSPOOL_TRANSPORT_SOCKET;
         return POSTSPOOL_OK;

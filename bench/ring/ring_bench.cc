@@ -16,6 +16,9 @@
 //    producers to the daemon's counter reaching every post, and the
 //    daemon's CPU time per post over that interval.
 // 3. The idle daemon's CPU use over 10 s.
+// 4. Processes that start together on a fresh daemon (no ring made yet),
+//    each posting 2,000 posts with the default 5 ms budget and no warm-up:
+//    the share of posts that took the ring (issue 18.4).
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -82,7 +85,7 @@ struct Calls {
 size_t CallsBytes(int64_t posts) { return sizeof(Calls) + sizeof(int64_t) * static_cast<size_t>(posts); }
 
 void Producer(const DaemonProcess& d, Shared* shared, Calls* calls, int64_t posts, int use_ring,
-              int share, uint32_t budget_ms, int index) {
+              int share, uint32_t budget_ms, int index, bool cold) {
   postspool_options opt;
   postspool_options_init(&opt);
   const std::string socket = d.socket_path(), spool = d.spool_dir();
@@ -101,8 +104,8 @@ void Producer(const DaemonProcess& d, Shared* shared, Calls* calls, int64_t post
   post.has_mode = 1;
   post.mode = 0644;
   // Two posts before the clock: the first takes the socket, the second
-  // asks for the ring (as any process's do).
-  for (int i = 0; i < 2; ++i) {
+  // asks for the ring (as any process's do). A cold start has none.
+  for (int i = 0; i < (cold ? 0 : 2); ++i) {
     std::snprintf(rel, sizeof rel, "%s-warm%d.nc", rel_prefix.c_str(), i);
     post.rel_path = rel;
     postspool_post(client, &post, nullptr);
@@ -150,7 +153,7 @@ uint64_t Journaled(const DaemonProcess& d) {
 }
 
 RunResult Run(const DaemonProcess& d, int producers, int64_t per_producer, int use_ring, int share,
-              uint32_t budget_ms) {
+              uint32_t budget_ms, bool cold = false) {
   auto* shared = static_cast<Shared*>(
       ::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   new (shared) Shared();
@@ -162,12 +165,12 @@ RunResult Run(const DaemonProcess& d, int producers, int64_t per_producer, int u
                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     calls.push_back(static_cast<Calls*>(m));
     const pid_t pid = ::fork();
-    if (pid == 0) Producer(d, shared, calls.back(), per_producer, use_ring, share, budget_ms, p);
+    if (pid == 0) Producer(d, shared, calls.back(), per_producer, use_ring, share, budget_ms, p, cold);
     pids.push_back(pid);
   }
   while (shared->ready.load() < producers) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   // The warm-up posts are journaled before the clock starts.
-  const uint64_t warm = before + 2ull * static_cast<uint64_t>(producers);
+  const uint64_t warm = before + (cold ? 0 : 2ull * static_cast<uint64_t>(producers));
   for (int i = 0; i < 500 && Journaled(d) < warm; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   const double cpu0 = CpuSeconds(d.pid());
   const int64_t t0 = NowNs();
@@ -290,6 +293,17 @@ int main(int argc, char** argv) {
     const double c1 = CpuSeconds(d->pid());
     std::printf("\nidle daemon (rings made, metrics every 5 s, no broker): %.3f s of CPU in %d s "
                 "(%.3f %% of a CPU)\n", c1 - c0, idle_s, (c1 - c0) * 100.0 / idle_s);
+    d->Stop();
+  }
+  std::printf("\nprocesses starting together on a fresh daemon, 2,000 posts each, 5 ms budget:\n\n");
+  std::printf("| processes | posts | ring | socket | spool | failed | ring share |\n|---|---|---|---|---|---|---|\n");
+  for (int producers : {16, 64}) {
+    auto d = StartDaemon("32 KiB");
+    const RunResult r = Run(*d, producers, quick ? 200 : 2000, 1, 60, 5, /*cold=*/true);
+    std::printf("| %d | %" PRId64 " | %" PRId64 " | %" PRId64 " | %" PRId64 " | %" PRId64 " | %.1f %% |\n",
+                producers, r.posts, r.ring, r.socket, r.spool, r.failures,
+                100.0 * static_cast<double>(r.ring) / static_cast<double>(std::max<int64_t>(r.posts, 1)));
+    std::fflush(stdout);
     d->Stop();
   }
   return 0;
