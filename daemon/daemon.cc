@@ -705,7 +705,7 @@ json Daemon::StatusReply() const {
                  {"quarantine_bytes", v(m.quarantine_bytes)}}},
       {"disk", {{"bytes", disk},
                 {"bytes_max", config_.disk_bytes_max},
-                {"per_uid_bytes_max", config_.disk_bytes_per_uid_max},
+                {"per_uid_bytes_max", config_.DiskBytesPerUidMax()},
                 {"uids", uids},
                 {"uids_total", uids_total}}},
       {"rates", rates}};
