@@ -49,6 +49,13 @@ std::string Env(const char* name) {
   return v != nullptr ? v : "";
 }
 
+// Occurrences of `what` in `text`.
+size_t Count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
 // Runs `args` (argv[0] is a path), stdout into *out (stderr into *err if
 // given, else into *out too); returns the exit status, 128+signal, or -1.
 int RunProgram(const std::vector<std::string>& args, std::string* out, std::string* err = nullptr,
@@ -524,14 +531,24 @@ TEST_F(Ops, MetricsParseWithThePrometheusParserFromTheSocketAndTheFile) {
   uint64_t value = 0;
   while (lines >> name >> value) socket_values[name] = value;
   EXPECT_EQ(socket_values["postspool_confirmed_total"], 7u);
-  EXPECT_EQ(socket_values["postspool_socket_posts_journaled_total"] +
+  EXPECT_EQ(socket_values["postspool_ring_posts_journaled_total"] +
+                socket_values["postspool_socket_posts_journaled_total"] +
                 socket_values["postspool_spool_posts_journaled_total"],
             7u);
+  // Every metric has its # HELP line (the parser above checks it is
+  // there), and # HELP comes before # TYPE, as Prometheus writes it.
+  EXPECT_EQ(Count(text, "\n# HELP postspool_") + (text.rfind("# HELP ", 0) == 0 ? 1 : 0),
+            socket_values.size())
+      << text;
+  EXPECT_EQ(text.rfind("# HELP postspool_", 0), 0u) << text;
   EXPECT_EQ(socket_values["postspool_backlog_posts"], 0u);
   EXPECT_GE(socket_values["postspool_control_requests_total"], 1u);
   // The file (node_exporter's textfile collector): the same names, and
   // never a partial file while the daemon rewrites it every 100 ms.
   const std::string file = daemon_->root() + "/metrics.prom";
+  struct stat st {};
+  ASSERT_EQ(::stat(file.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0644u);
   ASSERT_EQ(RunProgram({python, script, file}, &parsed, &err), 0) << err;
   std::map<std::string, uint64_t> file_values;
   std::istringstream flines(parsed);
