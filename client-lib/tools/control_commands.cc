@@ -47,8 +47,12 @@ constexpr char kControlUsage[] =
     "debug. Exit codes: 0 ok (status: healthy), 1 failed (status: unhealthy; drain: timed\n"
     "out), 2 usage error, 3 the daemon cannot be reached.\n";
 
-int Usage(const std::string& why) {
-  std::fprintf(stderr, "postspool: %s\n%s", why.c_str(), kControlUsage);
+// A usage error: the one line that names the problem and where the usage
+// is, not the whole usage.
+int Usage(std::string_view command, const std::string& why) {
+  std::fprintf(stderr, "postspool %.*s: %s\n(usage: postspool %.*s --help)\n",
+               static_cast<int>(command.size()), command.data(), why.c_str(),
+               static_cast<int>(command.size()), command.data());
   return kExitUsage;
 }
 
@@ -341,21 +345,22 @@ int ParseOptions(std::string_view name, int argc, char** argv, CommonOptions* o)
   optind = 0;  // a full re-initialisation of GNU getopt
   opterr = 0;
   for (;;) {
-    const int c = ::getopt_long(argc, argv, "h", kLong, nullptr);
+    // The leading ':': a missing value is ':' ("needs a value"), not '?'.
+    const int c = ::getopt_long(argc, argv, ":h", kLong, nullptr);
     if (c == -1) break;
     switch (c) {
       case 'S':
         o->socket = optarg;
         break;
       case 'j':
-        if (!takes_json) return Usage(std::string(name) + " does not take --json");
+        if (!takes_json) return Usage(name, "does not take --json");
         o->json = true;
         break;
       case 't': {
-        if (!takes_timeout) return Usage(std::string(name) + " does not take --timeout");
+        if (!takes_timeout) return Usage(name, "does not take --timeout");
         std::chrono::milliseconds t;
         if (!ParseDuration(optarg, &t)) {
-          return Usage("--timeout takes a duration such as 30s, 500ms, 5m or 1h, not \"" +
+          return Usage(name, "--timeout takes a duration such as 30s, 500ms, 5m or 1h, not \"" +
                        std::string(optarg) + "\"");
         }
         o->timeout = t;
@@ -365,10 +370,9 @@ int ParseOptions(std::string_view name, int argc, char** argv, CommonOptions* o)
         std::fputs(kControlUsage, stdout);
         return kExitOk;
       case ':':
-        return Usage(std::string(argv[optind - 1]) + " needs a value");
+        return Usage(name, std::string(argv[optind - 1]) + " needs a value");
       default:
-        return Usage("unknown option \"" + std::string(argv[optind - 1]) + "\" for " +
-                     std::string(name));
+        return Usage(name, "unknown option \"" + std::string(argv[optind - 1]) + "\"");
     }
   }
   for (int i = optind; i < argc; ++i) o->operands.emplace_back(argv[i]);
@@ -520,8 +524,8 @@ int RunControlCommand(std::string_view name, int argc, char** argv) {
   if (const int rc = ParseOptions(name, argc, argv, &o); rc >= 0) return rc;
   const size_t operands = name == "log-level" ? 1 : 0;
   if (o.operands.size() != operands) {
-    return Usage(operands == 0 ? std::string(name) + " takes no operands"
-                               : "log-level takes one level: error, warning, info or debug");
+    return Usage(name, operands == 0 ? "takes no operands"
+                                     : "takes one level: error, warning, info or debug");
   }
   try {
     if (name == "status") return RunStatus(o);
@@ -533,7 +537,7 @@ int RunControlCommand(std::string_view name, int argc, char** argv) {
     if (name == "log-level") {
       const std::string& level = o.operands[0];
       if (level != "error" && level != "warning" && level != "info" && level != "debug") {
-        return Usage("log-level takes error, warning, info or debug, not \"" + level + "\"");
+        return Usage(name, "takes error, warning, info or debug, not \"" + level + "\"");
       }
       return RunSimple({{"request", "log-level"}, {"level", level}}, o,
                        ("log level set to " + level).c_str());
@@ -543,7 +547,7 @@ int RunControlCommand(std::string_view name, int argc, char** argv) {
     std::fprintf(stderr, "postspool: unexpected reply from postspoold: %s\n", e.what());
     return kExitFailed;
   }
-  return Usage("unknown command \"" + std::string(name) + "\"");
+  return Usage(name, "unknown command");
 }
 
 }  // namespace postspool::cli

@@ -41,8 +41,9 @@ constexpr char kPostUsage[] =
     "       postspool post --file PATH [--base-dir DIR] [field options] [client options]\n"
     "       postspool post --json [client options] < lines\n"
     "\n"
-    "Posts a file change through postspoold (its socket, else its spool directory)\n"
-    "and prints \"<uuid> socket|spool\" for each post taken.\n"
+    "Posts a file change through postspoold (its shared-memory ring, else its socket,\n"
+    "else its spool directory) and prints \"<uuid> ring|socket|spool\" for each post\n"
+    "taken.\n"
     "\n"
     "Field options (Sarracenia v03 names in brackets):\n"
     "  --rel-path PATH        path relative to the base URL [relPath]: components\n"
@@ -601,8 +602,7 @@ int RunPost(std::string_view, int argc, char** argv) {
 int main(int argc, char** argv) {
   using namespace postspool::cli;
   if (argc < 2) {
-    std::fputs("postspool: no command given\n", stderr);
-    PrintUsage(stderr);
+    std::fputs("postspool: no command given\n(usage: postspool --help)\n", stderr);
     return kExitUsage;
   }
   const std::string_view command = argv[1];
@@ -617,7 +617,6 @@ int main(int argc, char** argv) {
   for (const Command& c : kCommands) {
     if (command == c.name) return c.run(c.name, argc - 1, argv + 1);
   }
-  std::fprintf(stderr, "postspool: unknown command \"%s\"\n", argv[1]);
-  PrintUsage(stderr);
+  std::fprintf(stderr, "postspool: unknown command \"%s\"\n(usage: postspool --help)\n", argv[1]);
   return kExitUsage;
 }

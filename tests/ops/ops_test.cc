@@ -34,6 +34,7 @@
 #include "e2e/daemon_process.h"
 #include "hostile/test_users.h"
 #include "journal.h"
+#include "postspool.h"
 #include "segment_format.h"
 #include "unique_fd.h"
 
@@ -710,6 +711,26 @@ TEST_F(Ops, ExitCodesForUsageErrorsAndAnUnreachableDaemon) {
   EXPECT_EQ(RunProgram({cli_, "status", "--frobnicate"}, &out, &err), 2);
   EXPECT_EQ(RunProgram({cli_, "metrics", "--json"}, &out, &err), 2);
   EXPECT_EQ(RunProgram({cli_, "log-level", "loud"}, &out, &err), 2);
+  // A missing value is said as such by every command, and a usage error is
+  // one line and where the usage is, not the whole usage.
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"drain", "--timeout"}, {"status", "--control-socket"},
+        {"metrics", "--control-socket"}, {"post", "--rel-path"}, {"verify", "--quarantine-dir"}}) {
+    EXPECT_EQ(RunProgram({cli_, args[0], args[1]}, &out, &err), 2) << args[0];
+    EXPECT_NE(err.find(args[1] + " needs a value"), std::string::npos) << args[0] << ": " << err;
+    EXPECT_EQ(Count(err, "\n"), 2u) << args[0] << ": " << err;
+    EXPECT_NE(err.find("(usage: postspool " + args[0] + " --help)"), std::string::npos) << err;
+  }
+  EXPECT_EQ(RunProgram({cli_, "status", "--frobnicate"}, &out, &err), 2);
+  EXPECT_EQ(err, "postspool status: unknown option \"--frobnicate\"\n(usage: postspool status --help)\n");
+  EXPECT_EQ(RunProgram({cli_, "frobnicate"}, &out, &err), 2);
+  EXPECT_EQ(err, "postspool: unknown command \"frobnicate\"\n(usage: postspool --help)\n");
+  // --version, which the man page lists, and post's help names the ring.
+  EXPECT_EQ(RunProgram({cli_, "--version"}, &out, &err), 0);
+  EXPECT_EQ(out, "postspool " + std::to_string(POSTSPOOL_VERSION_MAJOR) + "." +
+                     std::to_string(POSTSPOOL_VERSION_MINOR) + "\n");
+  EXPECT_EQ(RunProgram({cli_, "post", "--help"}, &out, &err), 0);
+  EXPECT_NE(out.find("ring|socket|spool"), std::string::npos) << out;
 }
 
 }  // namespace
