@@ -326,9 +326,12 @@ std::string WorkingDirectory() {
 }
 
 // Says once, on stderr, that a post went to the spool while no daemon
-// socket exists at the path in use: the likely cause is a wrong --socket or
-// $POSTSPOOL_SOCKET, or a daemon that is not running, and the spool
-// directory may be one no daemon watches. The post itself was taken.
+// socket exists at the path in use. postspoold removes its socket when it
+// stops, so the usual cause is a daemon stopped or restarting (an upgrade):
+// nothing is wrong then, the daemon adopts the post when it starts. The
+// other cause is a --socket or $POSTSPOOL_SOCKET that is not the daemon's,
+// and then the spool directory may be one no daemon watches. The post
+// itself was taken.
 class SocketCheck {
  public:
   SocketCheck(std::string socket_path, std::string spool_dir)
@@ -338,14 +341,20 @@ class SocketCheck {
     said_ = true;
     struct stat st;
     if (::stat(socket_path_.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) return;
-    const bool missing = errno == ENOENT || errno == ENOTDIR;
+    if (errno == ENOENT || errno == ENOTDIR) {
+      std::fprintf(stderr,
+                   "postspool: warning: no postspoold socket at %s (postspoold is stopped or "
+                   "restarting, or --socket/$POSTSPOOL_SOCKET is not its socket): the post went "
+                   "to the spool directory %s, which postspoold adopts when it runs, if it is "
+                   "its spool directory\n",
+                   socket_path_.c_str(), spool_dir_.c_str());
+      return;
+    }
     std::fprintf(stderr,
-                 "postspool: warning: %s %s: the post went to the spool directory %s, which "
-                 "postspoold adopts only if it uses that directory (check --socket or "
-                 "$POSTSPOOL_SOCKET, and that postspoold runs)\n",
-                 socket_path_.c_str(),
-                 missing ? "does not exist" : "is not a socket",
-                 spool_dir_.c_str());
+                 "postspool: warning: %s is not a socket: the post went to the spool directory "
+                 "%s, which postspoold adopts only if it uses that directory (check --socket or "
+                 "$POSTSPOOL_SOCKET)\n",
+                 socket_path_.c_str(), spool_dir_.c_str());
   }
 
  private:

@@ -516,7 +516,11 @@ TEST_F(Ops, AnOrdinaryUserMayReadStatusButNotChangeState) {
 
 TEST_F(Ops, MetricsParseWithThePrometheusParserFromTheSocketAndTheFile) {
   ASSERT_TRUE(consumer_.DeclareBoundQueue(queue_, exchange_).ok());
+  // The unit's UMask=0077: the metrics file is 0644 all the same, for a
+  // node_exporter of another user (packaging/README.md).
+  const mode_t umask_before = ::umask(077);
   StartDaemon(broker_->url());
+  ::umask(umask_before);
   Post(7);
   WaitStatus([](const json& s) { return s["posts"]["confirmed"] == 7; });
   const std::string python = Env("PYTHON3"), script = Env("PARSE_METRICS");
