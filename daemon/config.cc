@@ -306,7 +306,6 @@ Status CheckConfig(const Config& c) {
   }
   if (c.post_baseUrl.empty()) return invalid("post_baseUrl is empty");
   if (c.connections_per_uid_max == 0) return invalid("connections_per_uid_max is 0");
-  if (c.disk_bytes_per_uid_max == 0) return invalid("disk_bytes_per_uid_max is 0");
   if (c.spool_scan_entries_max == 0) return invalid("spool_scan_entries_max is 0");
   if (c.spool_read_bytes_max < (64u << 10)) return invalid("spool_read_bytes_max is below 64 KiB");
   if (c.reconnect_delay_initial_ms == 0 || c.reconnect_delay_max_ms == 0 ||
@@ -336,6 +335,17 @@ Status CheckConfig(const Config& c) {
     return invalid("log_level '" + c.log_level + "' is not error, warning, info or debug");
   }
   return Status::Ok();
+}
+
+std::vector<std::string> ConfigWarnings(const Config& c) {
+  std::vector<std::string> out;
+  if (c.DiskBytesPerUidMax() >= c.disk_bytes_max) {
+    out.push_back("disk_bytes_per_uid_max (" + std::to_string(c.DiskBytesPerUidMax()) +
+                  " bytes) is not below disk_bytes_max (" + std::to_string(c.disk_bytes_max) +
+                  " bytes): one user can take the whole quota and others' posts are refused "
+                  "as full; leave it unset (a quarter of disk_bytes_max) or lower it");
+  }
+  return out;
 }
 
 Status RaiseOpenFilesLimit() {

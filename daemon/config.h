@@ -63,8 +63,14 @@ struct Config {
   uint64_t disk_bytes_max = 4ull << 30;
   // One uid's share of disk_bytes_max: its unconfirmed posts in the journal
   // plus its spool segments. Above it that uid's posts fail with `full`,
-  // and its spool segments wait until its share frees; other users go on.
-  uint64_t disk_bytes_per_uid_max = 1ull << 30;
+  // its ring lanes and spool segments wait until its share frees; other
+  // users go on. 0 (the default): a quarter of disk_bytes_max
+  // (DiskBytesPerUidMax), so that a share always leaves room for others
+  // whatever the total is.
+  uint64_t disk_bytes_per_uid_max = 0;
+  uint64_t DiskBytesPerUidMax() const {
+    return disk_bytes_per_uid_max != 0 ? disk_bytes_per_uid_max : disk_bytes_max / 4;
+  }
 
   // Broker (names as Sarracenia's where it has them).
   std::vector<std::string> post_broker = {"amqp://guest:guest@localhost/"};
@@ -152,6 +158,12 @@ inline constexpr uint32_t kDaemonFdsReserve = 64;
 //  - the ranges ParseConfig enforces, for a Config built in code.
 // Reads the TLS files and getrlimit; changes nothing.
 Status CheckConfig(const Config& config);
+
+// What is valid but almost certainly not meant (one line each, naming the
+// keys): a disk_bytes_per_uid_max that is not below disk_bytes_max, which
+// lets one user fill the whole quota. --check-config prints them (and
+// still exits 0); start logs them as warnings.
+std::vector<std::string> ConfigWarnings(const Config& config);
 
 // Raises RLIMIT_NOFILE's soft limit to its hard limit (systemd starts
 // services with a soft limit of 1024, far below connections_max). An error

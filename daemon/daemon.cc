@@ -80,7 +80,40 @@ uint64_t CountEntries(const std::string& dir, size_t max, bool* exact) {
   return n;
 }
 
+// Posts received and journaled, every transport: ring, socket, spool.
+uint64_t JournaledTotal(const Metrics& m) {
+  return m.ring_posts_journaled_total.load(std::memory_order_relaxed) +
+         m.socket_posts_journaled_total.load(std::memory_order_relaxed) +
+         m.spool_posts_journaled_total.load(std::memory_order_relaxed);
+}
+
 json Position(JournalPosition p) { return json::array({p.segment_seq, p.offset}); }
+
+// The journal bytes from `from` (the watermark) to `to` (the committed
+// end): the records of the backlog, not the segment files' sizes (a
+// segment stays until every record in it is confirmed, so the files hold
+// confirmed posts too). Segments in between count from their header to
+// their size; a segment that is gone (set aside as damaged) counts 0.
+uint64_t BacklogBytes(const std::string& journal_dir, JournalPosition from, JournalPosition to) {
+  if (from >= to) return 0;
+  if (from.segment_seq == to.segment_seq) return to.offset - from.offset;
+  UniqueFd dir(::open(journal_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  std::vector<uint64_t> seqs;
+  if (!dir.valid() || !ListJournalSegments(dir.get(), &seqs).ok()) return 0;
+  uint64_t bytes = 0;
+  for (const uint64_t seq : seqs) {
+    if (seq < from.segment_seq || seq > to.segment_seq) continue;
+    const uint64_t start = seq == from.segment_seq ? from.offset : segment::kHeaderBytes;
+    uint64_t end = to.offset;
+    if (seq != to.segment_seq) {
+      struct stat st {};
+      if (::fstatat(dir.get(), JournalSegmentName(seq).c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+      end = static_cast<uint64_t>(st.st_size);
+    }
+    if (end > start) bytes += end - start;
+  }
+  return bytes;
+}
 
 Status MakeDirs(const std::string& path, mode_t mode) {
   std::string partial;
@@ -529,7 +562,7 @@ std::string Daemon::RenderMetrics() {
 void Daemon::SampleRates() {
   RateSample s;
   s.at = Clock::now();
-  s.received = metrics_.socket_posts_journaled_total.load() + metrics_.spool_posts_journaled_total.load();
+  s.received = JournaledTotal(metrics_);
   s.journaled = s.received;
   s.published = metrics_.published_total.load();
   s.confirmed = metrics_.confirmed_total.load();
@@ -614,12 +647,21 @@ json Daemon::StatusReply() const {
     broker["last_error_age_s"] = static_cast<double>(now_ms - f.last_error_unix_ms) / 1000.0;
   }
 
-  json backlog = {{"posts", f.backlog_posts}, {"posts_exact", f.backlog_posts_exact},
+  // No record between the watermark and the committed end: the backlog is
+  // exactly empty, also before the forwarder's counter first caught up (a
+  // fresh daemon, whose watermark is before its first segment).
+  const JournalPosition watermark = forwarder_->watermark();
+  const JournalPosition committed = commits_.committed();
+  const uint64_t backlog_bytes = BacklogBytes(config_.journal_dir, watermark, committed);
+  const bool empty = backlog_bytes == 0;
+  json backlog = {{"posts", empty ? 0 : f.backlog_posts},
+                  {"posts_exact", empty || f.backlog_posts_exact},
+                  {"bytes", backlog_bytes},
                   {"journal_bytes", usage_.bytes.load(std::memory_order_relaxed)},
                   {"in_flight", f.in_flight},
                   {"confirm_wait_s", static_cast<double>(f.confirm_wait_ms) / 1000.0},
-                  {"watermark", Position(forwarder_->watermark())},
-                  {"committed", Position(commits_.committed())}};
+                  {"watermark", Position(watermark)},
+                  {"committed", Position(committed)}};
   if (f.oldest_unconfirmed_pub_unix_ns > 0) {
     const int64_t age_ms = now_ms - f.oldest_unconfirmed_pub_unix_ns / 1000000;
     backlog["oldest_unconfirmed_age_s"] = static_cast<double>(std::max<int64_t>(age_ms, 0)) / 1000.0;
@@ -660,16 +702,17 @@ json Daemon::StatusReply() const {
       // Accepted and journaled, per transport; a spooled copy of a post that
       // came through the socket too (its ack was late) is counted once, under
       // the socket, and under spool_duplicates_dropped.
-      {"received", {{"socket", v(m.socket_posts_journaled_total)},
+      {"received", {{"ring", v(m.ring_posts_journaled_total)},
+                    {"socket", v(m.socket_posts_journaled_total)},
                     {"spool", v(m.spool_posts_journaled_total)}}},
       {"spool_duplicates_dropped", v(m.spool_posts_deduplicated_total)},
-      {"journaled", v(m.socket_posts_journaled_total) + v(m.spool_posts_journaled_total)},
+      {"journaled", JournaledTotal(m)},
       {"published", v(m.published_total)},
       {"confirmed", v(m.confirmed_total)},
       {"nacked", v(m.nacked_total)},
-      {"returned", v(m.unroutable_total)},
+      {"unroutable", v(m.unroutable_total)},
       {"republished", v(m.republished_total)},
-      {"dropped_unroutable", v(m.unroutable_dropped_total)},
+      {"unroutable_dropped", v(m.unroutable_dropped_total)},
       {"skipped_damaged", {{"posts_unencodable", v(m.encode_errors_total)},
                            {"journal_bytes", v(m.journal_bytes_skipped_total)},
                            {"journal_segments", v(m.journal_segments_damaged_total)},
@@ -705,7 +748,7 @@ json Daemon::StatusReply() const {
                  {"quarantine_bytes", v(m.quarantine_bytes)}}},
       {"disk", {{"bytes", disk},
                 {"bytes_max", config_.disk_bytes_max},
-                {"per_uid_bytes_max", config_.disk_bytes_per_uid_max},
+                {"per_uid_bytes_max", config_.DiskBytesPerUidMax()},
                 {"uids", uids},
                 {"uids_total", uids_total}}},
       {"rates", rates}};

@@ -48,7 +48,7 @@ Ingest::Ingest(const Config& config, Metrics* metrics, Ports ports, std::string 
   // adoption back, or a uid whose spool alone exceeds its share waits
   // forever. Its unconfirmed journal bytes do.
   adopter_.set_uid_admission([this](uid_t uid) {
-    return UidBytes(uid) - adopter_.spool_bytes_of(uid) <= config_.disk_bytes_per_uid_max;
+    return UidBytes(uid) - adopter_.spool_bytes_of(uid) <= config_.DiskBytesPerUidMax();
   });
 }
 
@@ -217,7 +217,7 @@ void Ingest::HandleRequest(int fd, const Conn& conn, std::span<const std::byte> 
     return Refuse(fd, conn, &h, wire::AckStatus::kFull, &metrics_->requests_refused_full_total,
                   "journal, spool and quarantine reached disk_bytes_max");
   }
-  if (UidBytes(conn.peer.uid) + packet.size() > config_.disk_bytes_per_uid_max) {
+  if (UidBytes(conn.peer.uid) + packet.size() > config_.DiskBytesPerUidMax()) {
     return Refuse(fd, conn, &h, wire::AckStatus::kFull, &metrics_->requests_refused_full_total,
                   "this uid's posts reached disk_bytes_per_uid_max");
   }

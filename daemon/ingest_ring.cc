@@ -64,7 +64,7 @@ void Ingest::SyncRingCursors() {
 }
 
 bool Ingest::RingAdmits(uid_t uid) const {
-  return DiskBytes() < config_.disk_bytes_max && UidBytes(uid) < config_.disk_bytes_per_uid_max;
+  return DiskBytes() < config_.disk_bytes_max && UidBytes(uid) < config_.DiskBytesPerUidMax();
 }
 
 void Ingest::NoteRingTailsAtStop() {
@@ -106,9 +106,11 @@ bool Ingest::DrainRings(Clock::time_point now) {
   const auto& entries = ports_.rings->entries();
   // The quotas apply where a post enters the ring: a uid at its share (or a
   // full disk) has its ring marked full and its producers take the socket,
-  // which refuses with `full`. What is in the lanes was accepted and is
-  // always journaled (at most one ring, ring_lanes × ring_lane_bytes, past
-  // the limit), so SIGTERM and the quota never hold accepted posts back.
+  // which refuses with `full`. What is already in its lanes was accepted:
+  // it waits there (tmpfs, kept across restarts) until the share frees, so
+  // one uid's ring (ring_lanes × ring_lane_bytes, 4 MiB by default) never
+  // overruns its share and takes the room of the others. Stopping journals
+  // it anyway, so SIGTERM never waits on the quota.
   for (const auto& e : entries) {
     const uint32_t full = RingAdmits(e.uid) ? 0 : 1;
     if (e.ring.full().load(std::memory_order_relaxed) != full) {
@@ -155,7 +157,16 @@ bool Ingest::DrainLane(uint32_t r, uint32_t l, uid_t uid, Clock::time_point now)
   const uint64_t owner = ring.owner(l).load(std::memory_order_relaxed);
   const pid_t pid = ring::IdentityPid(owner);
   bool took = false;
+  // The room this uid has (its share, and the disk): records past it wait
+  // in the lane until the share frees (DrainRings). Not when stopping.
+  const uint64_t disk = DiskBytes(), mine = UidBytes(uid);
+  const uint64_t room =
+      stopping_ ? UINT64_MAX
+                : std::min(config_.disk_bytes_max - std::min(disk, config_.disk_bytes_max),
+                           config_.DiskBytesPerUidMax() - std::min(mine, config_.DiskBytesPerUidMax()));
+  const size_t filling_at_start = filling_.bytes.size();
   for (uint32_t n = 0; n < config_.ring_lane_records_per_round; ++n) {
+    if (filling_.bytes.size() - filling_at_start >= room) break;
     if (filling_.records >= config_.batch_records_max ||
         filling_.bytes.size() + 2 * segment::RecordBytes(segment::kRecordPayloadMax) >
             config_.batch_bytes_max) {
@@ -352,6 +363,7 @@ void Ingest::MaybeSleep(Clock::time_point now, bool ring_work) {
       const LaneCursor& c = cursors_[r][l];
       if (c.broken || c.in_writing) continue;  // the write's completion wakes the loop
       if (entries[r].ring.owner(l).load(std::memory_order_relaxed) == 0) continue;
+      if (!RingAdmits(entries[r].uid)) continue;  // over its share: the loop's timers look again
       if (entries[r].ring.tail(l).load(std::memory_order_acquire) != c.read) {
         for (const auto& e : entries) e.ring.doorbell().store(0, std::memory_order_relaxed);
         poll_ = true;

@@ -15,7 +15,8 @@ void Usage(FILE* out) {
                "  --config PATH    configuration file (default /etc/postspool/postspoold.conf;\n"
                "                   a missing default file means built-in defaults)\n"
                "  --check-config   parse and check the configuration (every check start\n"
-               "                   makes), print errors, exit 0 if valid, 2 if not\n"
+               "                   makes), print errors and warnings, exit 0 if valid,\n"
+               "                   2 if not\n"
                "Runs in the foreground; logs to stderr. SIGTERM stops it cleanly.\n");
 }
 
@@ -55,6 +56,9 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "postspoold: %s: %s\n", path.c_str(), s.message().c_str());
       return 2;
     }
+    for (const std::string& w : ConfigWarnings(config)) {
+      std::fprintf(stderr, "postspoold: %s: warning: %s\n", path.c_str(), w.c_str());
+    }
     std::printf("postspoold: configuration %s is valid\n", path.c_str());
     return 0;
   }
@@ -65,6 +69,9 @@ int main(int argc, char** argv) {
   if (s = CheckConfig(config); !s.ok()) {
     PS_LOG_ERROR("configuration %s: %s", path.c_str(), s.message().c_str());
     return 2;
+  }
+  for (const std::string& w : ConfigWarnings(config)) {
+    PS_LOG_WARNING("configuration %s: %s", path.c_str(), w.c_str());
   }
   // systemd (and most shells) start with a soft limit of 1024 open files,
   // far below connections_max; the hard limit is what LimitNOFILE= grants.

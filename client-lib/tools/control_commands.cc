@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <optional>
 #include <string>
 #include <thread>
@@ -32,6 +33,8 @@ constexpr size_t kReplyBytesMax = 4u << 20;
 // drain: how often the daemon is asked, and how often a plain line is printed.
 constexpr auto kDrainPoll = std::chrono::milliseconds(500);
 constexpr auto kDrainLineInterval = std::chrono::seconds(5);
+// The drain's rate: confirmed posts over this last stretch of time.
+constexpr auto kDrainRateWindow = std::chrono::seconds(10);
 
 constexpr char kControlUsage[] =
     "usage: postspool status [--json] [--control-socket PATH]\n"
@@ -44,8 +47,12 @@ constexpr char kControlUsage[] =
     "debug. Exit codes: 0 ok (status: healthy), 1 failed (status: unhealthy; drain: timed\n"
     "out), 2 usage error, 3 the daemon cannot be reached.\n";
 
-int Usage(const std::string& why) {
-  std::fprintf(stderr, "postspool: %s\n%s", why.c_str(), kControlUsage);
+// A usage error: the one line that names the problem and where the usage
+// is, not the whole usage.
+int Usage(std::string_view command, const std::string& why) {
+  std::fprintf(stderr, "postspool %.*s: %s\n(usage: postspool %.*s --help)\n",
+               static_cast<int>(command.size()), command.data(), why.c_str(),
+               static_cast<int>(command.size()), command.data());
   return kExitUsage;
 }
 
@@ -229,21 +236,22 @@ void PrintStatus(const json& r) {
   const json& recv = O(p, "received");
   const json& skip = O(p, "skipped_damaged");
   const json& ref = O(p, "refused");
-  std::printf("posts       received %llu (socket %llu, spool %llu), journaled %llu\n",
-              static_cast<unsigned long long>(U(recv, "socket") + U(recv, "spool")),
+  std::printf("posts       received %llu (ring %llu, socket %llu, spool %llu), journaled %llu\n",
+              static_cast<unsigned long long>(U(recv, "ring") + U(recv, "socket") + U(recv, "spool")),
+              static_cast<unsigned long long>(U(recv, "ring")),
               static_cast<unsigned long long>(U(recv, "socket")),
               static_cast<unsigned long long>(U(recv, "spool")),
               static_cast<unsigned long long>(U(p, "journaled")));
-  std::printf("            published %llu, confirmed %llu, nacked %llu, returned %llu, "
+  std::printf("            published %llu, confirmed %llu, nacked %llu, unroutable %llu, "
               "republished %llu\n",
               static_cast<unsigned long long>(U(p, "published")),
               static_cast<unsigned long long>(U(p, "confirmed")),
               static_cast<unsigned long long>(U(p, "nacked")),
-              static_cast<unsigned long long>(U(p, "returned")),
+              static_cast<unsigned long long>(U(p, "unroutable")),
               static_cast<unsigned long long>(U(p, "republished")));
-  std::printf("            dropped as unroutable %llu; skipped as damaged: %llu unencodable "
+  std::printf("            unroutable dropped %llu; skipped as damaged: %llu unencodable "
               "posts, %s of journal, %s of spool\n",
-              static_cast<unsigned long long>(U(p, "dropped_unroutable")),
+              static_cast<unsigned long long>(U(p, "unroutable_dropped")),
               static_cast<unsigned long long>(U(skip, "posts_unencodable")),
               Bytes(static_cast<double>(U(skip, "journal_bytes"))).c_str(),
               Bytes(static_cast<double>(U(skip, "spool_bytes"))).c_str());
@@ -256,11 +264,13 @@ void PrintStatus(const json& r) {
   if (const auto it = bl.find("oldest_unconfirmed_age_s"); it != bl.end() && it->is_number()) {
     age = Seconds(it->get<double>()) + " old";
   }
-  std::printf("backlog     %s%llu posts, %s of journal, oldest unconfirmed %s, %llu in flight\n",
+  std::printf("backlog     %s%llu posts (%s), oldest unconfirmed %s, %llu in flight; "
+              "journal files %s\n",
               bl.value("posts_exact", true) ? "" : "at least ",
               static_cast<unsigned long long>(U(bl, "posts")),
-              Bytes(static_cast<double>(U(bl, "journal_bytes"))).c_str(), age.c_str(),
-              static_cast<unsigned long long>(U(bl, "in_flight")));
+              Bytes(static_cast<double>(U(bl, "bytes"))).c_str(), age.c_str(),
+              static_cast<unsigned long long>(U(bl, "in_flight")),
+              Bytes(static_cast<double>(U(bl, "journal_bytes"))).c_str());
   std::printf("spool       %llu segments waiting (%s), %s%llu files quarantined (%s)\n",
               static_cast<unsigned long long>(U(sp, "segments_waiting")),
               Bytes(static_cast<double>(U(sp, "bytes"))).c_str(),
@@ -335,21 +345,22 @@ int ParseOptions(std::string_view name, int argc, char** argv, CommonOptions* o)
   optind = 0;  // a full re-initialisation of GNU getopt
   opterr = 0;
   for (;;) {
-    const int c = ::getopt_long(argc, argv, "h", kLong, nullptr);
+    // The leading ':': a missing value is ':' ("needs a value"), not '?'.
+    const int c = ::getopt_long(argc, argv, ":h", kLong, nullptr);
     if (c == -1) break;
     switch (c) {
       case 'S':
         o->socket = optarg;
         break;
       case 'j':
-        if (!takes_json) return Usage(std::string(name) + " does not take --json");
+        if (!takes_json) return Usage(name, "does not take --json");
         o->json = true;
         break;
       case 't': {
-        if (!takes_timeout) return Usage(std::string(name) + " does not take --timeout");
+        if (!takes_timeout) return Usage(name, "does not take --timeout");
         std::chrono::milliseconds t;
         if (!ParseDuration(optarg, &t)) {
-          return Usage("--timeout takes a duration such as 30s, 500ms, 5m or 1h, not \"" +
+          return Usage(name, "--timeout takes a duration such as 30s, 500ms, 5m or 1h, not \"" +
                        std::string(optarg) + "\"");
         }
         o->timeout = t;
@@ -359,10 +370,9 @@ int ParseOptions(std::string_view name, int argc, char** argv, CommonOptions* o)
         std::fputs(kControlUsage, stdout);
         return kExitOk;
       case ':':
-        return Usage(std::string(argv[optind - 1]) + " needs a value");
+        return Usage(name, std::string(argv[optind - 1]) + " needs a value");
       default:
-        return Usage("unknown option \"" + std::string(argv[optind - 1]) + "\" for " +
-                     std::string(name));
+        return Usage(name, "unknown option \"" + std::string(argv[optind - 1]) + "\"");
     }
   }
   for (int i = optind; i < argc; ++i) o->operands.emplace_back(argv[i]);
@@ -436,9 +446,11 @@ int RunDrain(const CommonOptions& o) {
   const json target = O(reply, "backlog").value("committed", json());
   const auto settled = [](const json& r) {
     const json& p = O(r, "posts");
-    return U(p, "confirmed") + U(p, "dropped_unroutable");
+    return U(p, "confirmed") + U(p, "unroutable_dropped");
   };
-  const uint64_t settled_at_start = settled(reply);
+  // The rate is measured over the last kDrainRateWindow, not since the
+  // drain started: after a broker outage it is the broker's pace now.
+  std::deque<std::pair<Clock::time_point, uint64_t>> samples{{start, settled(reply)}};
   uint64_t total = std::max<uint64_t>(U(O(reply, "backlog"), "posts"), 1);
   Clock::time_point next_line = start;
   for (;;) {
@@ -448,7 +460,12 @@ int RunDrain(const CommonOptions& o) {
     const char* at_least = bl.value("posts_exact", true) ? "" : "at least ";
     const bool done = PositionAtLeast(bl.value("watermark", json()), target);
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-    const double rate = elapsed > 0 ? static_cast<double>(settled(reply) - settled_at_start) / elapsed : 0;
+    const Clock::time_point now = Clock::now();
+    samples.emplace_back(now, settled(reply));
+    while (samples.size() > 2 && now - samples[1].first >= kDrainRateWindow) samples.pop_front();
+    const double span = std::chrono::duration<double>(now - samples.front().first).count();
+    const double rate =
+        span > 0 ? static_cast<double>(samples.back().second - samples.front().second) / span : 0;
     total = std::max(total, left);
     std::string eta = "unknown";
     if (done) {
@@ -507,8 +524,8 @@ int RunControlCommand(std::string_view name, int argc, char** argv) {
   if (const int rc = ParseOptions(name, argc, argv, &o); rc >= 0) return rc;
   const size_t operands = name == "log-level" ? 1 : 0;
   if (o.operands.size() != operands) {
-    return Usage(operands == 0 ? std::string(name) + " takes no operands"
-                               : "log-level takes one level: error, warning, info or debug");
+    return Usage(name, operands == 0 ? "takes no operands"
+                                     : "takes one level: error, warning, info or debug");
   }
   try {
     if (name == "status") return RunStatus(o);
@@ -520,7 +537,7 @@ int RunControlCommand(std::string_view name, int argc, char** argv) {
     if (name == "log-level") {
       const std::string& level = o.operands[0];
       if (level != "error" && level != "warning" && level != "info" && level != "debug") {
-        return Usage("log-level takes error, warning, info or debug, not \"" + level + "\"");
+        return Usage(name, "takes error, warning, info or debug, not \"" + level + "\"");
       }
       return RunSimple({{"request", "log-level"}, {"level", level}}, o,
                        ("log level set to " + level).c_str());
@@ -530,7 +547,7 @@ int RunControlCommand(std::string_view name, int argc, char** argv) {
     std::fprintf(stderr, "postspool: unexpected reply from postspoold: %s\n", e.what());
     return kExitFailed;
   }
-  return Usage("unknown command \"" + std::string(name) + "\"");
+  return Usage(name, "unknown command");
 }
 
 }  // namespace postspool::cli

@@ -41,8 +41,9 @@ constexpr char kPostUsage[] =
     "       postspool post --file PATH [--base-dir DIR] [field options] [client options]\n"
     "       postspool post --json [client options] < lines\n"
     "\n"
-    "Posts a file change through postspoold (its socket, else its spool directory)\n"
-    "and prints \"<uuid> socket|spool\" for each post taken.\n"
+    "Posts a file change through postspoold (its shared-memory ring, else its socket,\n"
+    "else its spool directory) and prints \"<uuid> ring|socket|spool\" for each post\n"
+    "taken.\n"
     "\n"
     "Field options (Sarracenia v03 names in brackets):\n"
     "  --rel-path PATH        path relative to the base URL [relPath]: components\n"
@@ -325,9 +326,12 @@ std::string WorkingDirectory() {
 }
 
 // Says once, on stderr, that a post went to the spool while no daemon
-// socket exists at the path in use: the likely cause is a wrong --socket or
-// $POSTSPOOL_SOCKET, or a daemon that is not running, and the spool
-// directory may be one no daemon watches. The post itself was taken.
+// socket exists at the path in use. postspoold removes its socket when it
+// stops, so the usual cause is a daemon stopped or restarting (an upgrade):
+// nothing is wrong then, the daemon adopts the post when it starts. The
+// other cause is a --socket or $POSTSPOOL_SOCKET that is not the daemon's,
+// and then the spool directory may be one no daemon watches. The post
+// itself was taken.
 class SocketCheck {
  public:
   SocketCheck(std::string socket_path, std::string spool_dir)
@@ -337,14 +341,20 @@ class SocketCheck {
     said_ = true;
     struct stat st;
     if (::stat(socket_path_.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) return;
-    const bool missing = errno == ENOENT || errno == ENOTDIR;
+    if (errno == ENOENT || errno == ENOTDIR) {
+      std::fprintf(stderr,
+                   "postspool: warning: no postspoold socket at %s (postspoold is stopped or "
+                   "restarting, or --socket/$POSTSPOOL_SOCKET is not its socket): the post went "
+                   "to the spool directory %s, which postspoold adopts when it runs, if it is "
+                   "its spool directory\n",
+                   socket_path_.c_str(), spool_dir_.c_str());
+      return;
+    }
     std::fprintf(stderr,
-                 "postspool: warning: %s %s: the post went to the spool directory %s, which "
-                 "postspoold adopts only if it uses that directory (check --socket or "
-                 "$POSTSPOOL_SOCKET, and that postspoold runs)\n",
-                 socket_path_.c_str(),
-                 missing ? "does not exist" : "is not a socket",
-                 spool_dir_.c_str());
+                 "postspool: warning: %s is not a socket: the post went to the spool directory "
+                 "%s, which postspoold adopts only if it uses that directory (check --socket or "
+                 "$POSTSPOOL_SOCKET)\n",
+                 socket_path_.c_str(), spool_dir_.c_str());
   }
 
  private:
@@ -601,8 +611,7 @@ int RunPost(std::string_view, int argc, char** argv) {
 int main(int argc, char** argv) {
   using namespace postspool::cli;
   if (argc < 2) {
-    std::fputs("postspool: no command given\n", stderr);
-    PrintUsage(stderr);
+    std::fputs("postspool: no command given\n(usage: postspool --help)\n", stderr);
     return kExitUsage;
   }
   const std::string_view command = argv[1];
@@ -617,7 +626,6 @@ int main(int argc, char** argv) {
   for (const Command& c : kCommands) {
     if (command == c.name) return c.run(c.name, argc - 1, argv + 1);
   }
-  std::fprintf(stderr, "postspool: unknown command \"%s\"\n", argv[1]);
-  PrintUsage(stderr);
+  std::fprintf(stderr, "postspool: unknown command \"%s\"\n(usage: postspool --help)\n", argv[1]);
   return kExitUsage;
 }

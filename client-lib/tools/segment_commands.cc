@@ -67,7 +67,33 @@ struct Damage {
   uint64_t offset = 0;
   uint64_t bytes = 0;
   std::string reason;
+  uint64_t lost_records = 0;  // CountLostRecords
 };
+
+// How many records the `bytes` at `offset` held: the record markers found
+// where a record can start (8-byte aligned, the marker after the 8-byte
+// checksum). A record whose marker itself was hit is not seen, so this is a
+// lower bound; it is what the damage cost in posts, which byte ranges alone
+// do not say. Garbage between records costs none.
+uint64_t CountLostRecords(int fd, uint64_t offset, uint64_t bytes) {
+  uint64_t found = 0;
+  std::vector<std::byte> buf(64 * 1024 + segment::kRecordHeaderBytes);
+  const uint64_t end = offset + bytes;
+  uint64_t at = (offset + segment::kRecordAlign - 1) / segment::kRecordAlign * segment::kRecordAlign;
+  while (at + 12 <= end) {
+    const uint64_t want = std::min<uint64_t>(buf.size(), end - at);
+    const ssize_t n = ::pread(fd, buf.data(), want, static_cast<off_t>(at));
+    if (n <= 0) break;
+    const uint64_t got = static_cast<uint64_t>(n);
+    uint64_t i = 0;
+    for (; i + 12 <= got; i += segment::kRecordAlign) {
+      if (LoadLe32(buf.data() + i + 8) == segment::kRecordMarker) ++found;
+    }
+    if (got < want) break;
+    at += std::max<uint64_t>(i, segment::kRecordAlign);
+  }
+  return found;
+}
 
 // What reading one segment found.
 struct Scan {
@@ -82,9 +108,16 @@ struct Scan {
   uint64_t damaged_ranges = 0;
   uint64_t damaged_bytes = 0;
   uint64_t torn_tail_bytes = 0;
+  // Records lost in the damaged ranges and, in a sealed segment, in the
+  // torn tail (CountLostRecords).
+  uint64_t lost_records = 0;
+  uint64_t torn_tail_lost_records = 0;
   std::string io_error;  // reading stopped early
+  // A torn tail is the end of data in a segment that may still grow; a
+  // sealed segment was complete, so in it a torn tail is lost records.
+  bool torn_tail_lost() const { return header_ok && header.sealed() && torn_tail_bytes != 0; }
   bool damaged() const {
-    return !header_ok || damaged_ranges != 0 || !io_error.empty();
+    return !header_ok || damaged_ranges != 0 || !io_error.empty() || torn_tail_lost();
   }
 };
 
@@ -111,13 +144,19 @@ void ScanSegment(int fd, Scan* scan, const RecordFn& on_record, const DamageFn& 
   options.on_skip = [&](uint64_t offset, uint64_t bytes, SkipReason reason) {
     ++scan->damaged_ranges;
     scan->damaged_bytes += bytes;
-    if (on_damage) on_damage(Damage{offset, bytes, segment::SkipReasonName(reason)});
+    const uint64_t lost = CountLostRecords(fd, offset, bytes);
+    scan->lost_records += lost;
+    if (on_damage) on_damage(Damage{offset, bytes, segment::SkipReasonName(reason), lost});
   };
   std::unique_ptr<segment::SegmentReader> reader;
   if (Status s = segment::SegmentReader::Open(source.get(), options, &reader); !s.ok()) {
     scan->header_error = s.message().empty() ? StatusCodeName(s.code()) : s.message();
     scan->damaged_bytes = scan->file_bytes;
-    if (on_damage) on_damage(Damage{0, scan->file_bytes, "unreadable header: " + scan->header_error});
+    scan->lost_records = CountLostRecords(fd, 0, scan->file_bytes);
+    if (on_damage) {
+      on_damage(Damage{0, scan->file_bytes, "unreadable header: " + scan->header_error,
+                       scan->lost_records});
+    }
     return;
   }
   scan->header_ok = true;
@@ -139,6 +178,12 @@ void ScanSegment(int fd, Scan* scan, const RecordFn& on_record, const DamageFn& 
     }
   }
   scan->torn_tail_bytes = reader->torn_tail_bytes();
+  if (scan->torn_tail_lost()) {
+    // A torn tail starts where a record starts: at least that one.
+    scan->torn_tail_lost_records = std::max<uint64_t>(
+        1, CountLostRecords(fd, scan->file_bytes - scan->torn_tail_bytes, scan->torn_tail_bytes));
+    scan->lost_records += scan->torn_tail_lost_records;
+  }
 }
 
 ordered_json HeaderJson(const std::string& path, const Scan& scan) {
@@ -216,11 +261,15 @@ std::string DamageLine(const Damage& d) {
   j["offset"] = d.offset;
   j["bytes"] = d.bytes;
   j["reason"] = d.reason;
+  j["lostRecords"] = d.lost_records;
   return Dump(j);
 }
 
+std::string Records(uint64_t n) { return std::to_string(n) + (n == 1 ? " record" : " records"); }
+
 void PrintDamageRow(const Damage& d) {
-  std::printf("%-10" PRIu64 " %-7" PRIu64 " DAMAGED %s\n", d.offset, d.bytes, d.reason.c_str());
+  std::printf("%-10" PRIu64 " %-7" PRIu64 " DAMAGED %s (%s lost)\n", d.offset, d.bytes,
+              d.reason.c_str(), Records(d.lost_records).c_str());
 }
 
 std::string GetoptMessage(int result, char** argv) {
@@ -317,7 +366,10 @@ int RunInspect(std::string_view name, int argc, char** argv) {
   print_header();
   if (scan.torn_tail_bytes != 0) {
     const uint64_t offset = scan.file_bytes - scan.torn_tail_bytes;
-    if (table) {
+    if (table && scan.torn_tail_lost()) {
+      std::printf("%-10" PRIu64 " %-7" PRIu64 " DAMAGED torn tail of a sealed segment (%s lost)\n",
+                  offset, scan.torn_tail_bytes, Records(scan.torn_tail_lost_records).c_str());
+    } else if (table) {
       std::printf("%-10" PRIu64 " %-7" PRIu64 " torn tail (end of data)\n", offset,
                   scan.torn_tail_bytes);
     } else {
@@ -325,6 +377,7 @@ int RunInspect(std::string_view name, int argc, char** argv) {
       j["kind"] = "tornTail";
       j["offset"] = offset;
       j["bytes"] = scan.torn_tail_bytes;
+      j["lostRecords"] = scan.torn_tail_lost_records;
       std::printf("%s\n", Dump(j).c_str());
     }
   }
@@ -345,7 +398,10 @@ constexpr char kVerifyUsage[] =
     "Checks every segment in DIR (a journal or spool directory; files whose name is a\n"
     "segment name or that start with the segment magic; subdirectories are not\n"
     "entered), or the segment FILE: good records, damaged ranges with their reason,\n"
-    "sealed or not, torn tail. Read-only and safe while postspoold runs.\n"
+    "sealed or not, torn tail, and the records lost (those whose start is found in\n"
+    "damaged bytes). A torn tail is the end of data of a segment being written; in a\n"
+    "sealed segment, which was complete, it is damage: lost records. Read-only and\n"
+    "safe while postspoold runs.\n"
     "\n"
     "  --json                 one JSON object per segment instead of text\n"
     "  --repair               move each damaged segment to the quarantine directory\n"
@@ -686,7 +742,7 @@ int RunVerify(std::string_view name, int argc, char** argv) {
     ctx.quarantine_fd = quarantine_fd.get();
   }
 
-  uint64_t segments = 0, records = 0, damaged_segments = 0, repaired = 0;
+  uint64_t segments = 0, records = 0, damaged_segments = 0, repaired = 0, lost_records = 0;
   bool failed_to_read = false;
   for (const std::string& n : names) {
     UniqueFd fd(::openat(dirfd.get(), n.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
@@ -708,6 +764,7 @@ int RunVerify(std::string_view name, int argc, char** argv) {
     }
     ++segments;
     records += scan.records;
+    lost_records += scan.lost_records;
     std::string repair_report;
     bool repaired_this = false;
     if (scan.damaged()) {
@@ -724,9 +781,11 @@ int RunVerify(std::string_view name, int argc, char** argv) {
       j["recordBytes"] = scan.record_bytes;
       j["damagedRanges"] = scan.damaged_ranges + (scan.header_ok ? 0 : 1);
       j["damagedBytes"] = scan.damaged_bytes;
+      j["lostRecords"] = scan.lost_records;
       ordered_json list = ordered_json::array();
       for (const Damage& d : listed) {
-        list.push_back({{"offset", d.offset}, {"bytes", d.bytes}, {"reason", d.reason}});
+        list.push_back({{"offset", d.offset}, {"bytes", d.bytes}, {"reason", d.reason},
+                        {"lostRecords", d.lost_records}});
       }
       j["damaged"] = list;
       j["tornTailBytes"] = scan.torn_tail_bytes;
@@ -738,17 +797,22 @@ int RunVerify(std::string_view name, int argc, char** argv) {
     }
     std::string line = path + ": ";
     if (!scan.header_ok) {
-      line += "DAMAGED: unreadable header (" + scan.header_error + ")";
+      line += "DAMAGED: unreadable header (" + scan.header_error + "), " +
+              Records(scan.lost_records) + " lost";
     } else {
       line += scan.header.sealed() ? "sealed" : "not sealed";
       line += ", " + std::to_string(scan.records) + " records";
-      if (scan.torn_tail_bytes != 0) {
+      if (scan.torn_tail_lost()) {
+        line += ", DAMAGED: torn tail of " + std::to_string(scan.torn_tail_bytes) +
+                " bytes in a sealed segment, " + Records(scan.torn_tail_lost_records) + " lost";
+      } else if (scan.torn_tail_bytes != 0) {
         line += ", torn tail of " + std::to_string(scan.torn_tail_bytes) + " bytes (end of data)";
       }
       if (scan.damaged_ranges != 0) {
         line += ", DAMAGED: " + std::to_string(scan.damaged_ranges) +
                 (scan.damaged_ranges == 1 ? " range, " : " ranges, ") +
-                std::to_string(scan.damaged_bytes) + " bytes";
+                std::to_string(scan.damaged_bytes) + " bytes, " +
+                Records(scan.lost_records - scan.torn_tail_lost_records) + " lost";
       }
       if (!scan.io_error.empty()) line += ", READ ERROR: " + scan.io_error;
       if (!scan.damaged()) line += ", ok";
@@ -756,8 +820,8 @@ int RunVerify(std::string_view name, int argc, char** argv) {
     std::printf("%s\n", line.c_str());
     if (scan.header_ok) {
       for (const Damage& d : listed) {
-        std::printf("  offset %" PRIu64 ", %" PRIu64 " bytes: %s\n", d.offset, d.bytes,
-                    d.reason.c_str());
+        std::printf("  offset %" PRIu64 ", %" PRIu64 " bytes: %s (%s lost)\n", d.offset, d.bytes,
+                    d.reason.c_str(), Records(d.lost_records).c_str());
       }
       if (scan.damaged_ranges > listed.size()) {
         std::printf("  ... and %" PRIu64 " more damaged ranges\n",
@@ -767,8 +831,9 @@ int RunVerify(std::string_view name, int argc, char** argv) {
     if (!repair_report.empty()) std::printf("  repair: %s\n", repair_report.c_str());
   }
   if (!args.json) {
-    std::printf("%" PRIu64 " segments, %" PRIu64 " records, %" PRIu64 " damaged", segments,
-                records, damaged_segments);
+    std::printf("%" PRIu64 " segments, %" PRIu64 " records, %" PRIu64 " damaged, %" PRIu64
+                " records lost",
+                segments, records, damaged_segments, lost_records);
     if (args.repair) std::printf(", %" PRIu64 " repaired", repaired);
     if (other_files != 0) std::printf("; %" PRIu64 " other files not checked", other_files);
     std::printf("\n");

@@ -292,5 +292,58 @@ TEST(CheckConfigCommand, ASocketPathTooLongExitsTwoNamingTheKey) {
   ::rmdir(dir.c_str());
 }
 
+// Issue 19: a per-uid share of 1 GiB under a 2 MiB quota was no share.
+TEST(Config, TheDefaultDiskShareIsAQuarterOfTheQuotaWhateverTheQuota) {
+  Config c;
+  EXPECT_EQ(c.DiskBytesPerUidMax(), 1ull << 30);  // of the default 4 GiB
+  ASSERT_TRUE(ParseConfig("disk_bytes_max = 2 MiB\n", "test", &c).ok());
+  EXPECT_EQ(c.DiskBytesPerUidMax(), 512u << 10);
+  EXPECT_TRUE(ConfigWarnings(c).empty());
+  ASSERT_TRUE(ParseConfig("disk_bytes_per_uid_max = 1 MiB\n", "test", &c).ok());
+  EXPECT_EQ(c.DiskBytesPerUidMax(), 1u << 20);
+}
+
+TEST(Config, AShareNotBelowTheQuotaIsWarnedAbout) {
+  Config c;
+  ASSERT_TRUE(ParseConfig("disk_bytes_max = 2 MiB\ndisk_bytes_per_uid_max = 1 GiB\n", "test", &c).ok());
+  const auto warnings = ConfigWarnings(c);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("disk_bytes_per_uid_max"), std::string::npos) << warnings[0];
+  EXPECT_NE(warnings[0].find("not below disk_bytes_max"), std::string::npos) << warnings[0];
+  c.disk_bytes_per_uid_max = c.disk_bytes_max;
+  EXPECT_EQ(ConfigWarnings(c).size(), 1u) << "equal to the total is no share either";
+  c.disk_bytes_per_uid_max = c.disk_bytes_max - 1;
+  EXPECT_TRUE(ConfigWarnings(c).empty());
+}
+
+// postspoold --check-config prints the warning on stderr and still exits 0.
+TEST(CheckConfigCommand, AShareNotBelowTheQuotaWarnsAndExitsZero) {
+  char dir_template[] = "/tmp/postspool-config-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  const std::string conf = dir + "/p.conf", err = dir + "/stderr";
+  std::ofstream(conf) << "disk_bytes_max = 2 MiB\ndisk_bytes_per_uid_max = 2 MiB\n";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int fd = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ::dup2(fd, 2);
+    const int null_fd = ::open("/dev/null", O_WRONLY);
+    ::dup2(null_fd, 1);
+    ::execl(POSTSPOOLD_PATH, POSTSPOOLD_PATH, "--config", conf.c_str(), "--check-config",
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  std::ifstream in(err);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << text;
+  EXPECT_NE(text.find("warning: disk_bytes_per_uid_max"), std::string::npos) << text;
+  ::unlink(conf.c_str());
+  ::unlink(err.c_str());
+  ::rmdir(dir.c_str());
+}
+
 }  // namespace
 }  // namespace postspool::daemon

@@ -642,10 +642,11 @@ TEST_P(EndToEnd, SigtermPublishesWhatIsJournaledAndExitsZeroAndTheSpoolWaitsForT
 TEST_P(EndToEnd, AtTheDiskQuotaPostsFailWithEnospaceAndNothingAcceptedIsLost) {
   BindQueue();
   // A broker that is not there: nothing is confirmed, so the journal grows
-  // until it reaches disk_bytes_max.
+  // until it reaches disk_bytes_max (the one user's share set to all of it:
+  // by default it would be a quarter).
   auto o = DaemonOptions();
   o.broker_url = "amqp://guest:guest@127.0.0.1:" + std::to_string(UnusedPort()) + "/";
-  o.extra_config = {"disk_bytes_max = 256 KiB"};
+  o.extra_config = {"disk_bytes_max = 256 KiB", "disk_bytes_per_uid_max = 256 KiB"};
   daemon_ = std::make_unique<DaemonProcess>(o);
   ASSERT_TRUE(daemon_->Start());
   postspool_options opt;

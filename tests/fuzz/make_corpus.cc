@@ -1,8 +1,9 @@
 // Writes the seed corpus of the fuzz targets, with format/'s own writer
 // code, into <dir>/<target>/ (dir is normally tests/fuzz/corpus):
 //   make_corpus tests/fuzz/corpus
-// Built by meson but not run by the tests: the generated files are kept in
-// the repository. The output is deterministic (fixed ids, times and header),
+// The generated files are kept in the repository; the test
+// fuzz_corpus_current (make_corpus --check tests/fuzz/corpus) fails when
+// they differ from what make_corpus writes. The output is deterministic (fixed ids, times and header),
 // so running it again after a format change shows up as a reviewable diff.
 #include <array>
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <span>
 #include <string>
 #include <utility>
@@ -175,10 +177,27 @@ Bytes Concat(const Bytes& a, const Bytes& b) {
 
 class CorpusWriter {
  public:
-  explicit CorpusWriter(std::filesystem::path root) : root_(std::move(root)) {}
+  // check: compare with the files under `root` instead of writing them.
+  CorpusWriter(std::filesystem::path root, bool check) : root_(std::move(root)), check_(check) {}
 
   void Write(const std::string& target, const std::string& name, const Bytes& bytes) {
     const auto dir = root_ / target;
+    if (check_) {
+      std::ifstream in(dir / name, std::ios::binary);
+      const std::string have((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      if (!std::filesystem::is_regular_file(dir / name)) {
+        std::printf("missing: %s\n", (dir / name).c_str());
+        ++differ_;
+      } else if (have.size() != bytes.size() ||
+                 std::memcmp(have.data(), bytes.data(), bytes.size()) != 0) {
+        std::printf("differs: %s (%zu bytes committed, %zu written by make_corpus)\n",
+                    (dir / name).c_str(), have.size(), bytes.size());
+        ++differ_;
+      }
+      total_bytes_ += bytes.size();
+      ++files_;
+      return;
+    }
     std::filesystem::create_directories(dir);
     std::ofstream out(dir / name, std::ios::binary | std::ios::trunc);
     out.write(reinterpret_cast<const char*>(bytes.data()),
@@ -203,9 +222,12 @@ class CorpusWriter {
 
   size_t files() const { return files_; }
   size_t total_bytes() const { return total_bytes_; }
+  size_t differ() const { return differ_; }
 
  private:
   std::filesystem::path root_;
+  bool check_ = false;
+  size_t differ_ = 0;
   size_t files_ = 0;
   size_t total_bytes_ = 0;
 };
@@ -374,11 +396,13 @@ void WriteRingSeeds(CorpusWriter& w) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s <corpus dir, e.g. tests/fuzz/corpus>\n", argv[0]);
+  const bool check = argc == 3 && std::strcmp(argv[1], "--check") == 0;
+  if (argc != 2 && !check) {
+    std::fprintf(stderr, "usage: %s [--check] <corpus dir, e.g. tests/fuzz/corpus>\n", argv[0]);
     return 2;
   }
-  CorpusWriter w(argv[1]);
+  const char* root = argv[argc - 1];
+  CorpusWriter w(root, check);
 
   // Payloads alone.
   const std::string post = "fuzz_post_verifier";
@@ -468,6 +492,13 @@ int main(int argc, char** argv) {
 
   WriteRingSeeds(w);
 
-  std::printf("wrote %zu files, %zu bytes, under %s\n", w.files(), w.total_bytes(), argv[1]);
+  if (check) {
+    // Files of the corpus that make_corpus does not write (regression
+    // seeds, regression-*) are not looked at.
+    std::printf("%zu of %zu seeds under %s differ from what make_corpus writes%s\n", w.differ(),
+                w.files(), root, w.differ() != 0 ? ": run make_corpus on it and commit" : "");
+    return w.differ() != 0 ? 1 : 0;
+  }
+  std::printf("wrote %zu files, %zu bytes, under %s\n", w.files(), w.total_bytes(), root);
   return 0;
 }

@@ -1102,6 +1102,72 @@ TEST_F(Hostile, OneUserAtItsDiskShareGetsEnospaceAndOthersPostsStillSucceed) {
   ExpectArrivedAsPosted(filled, attacker_, 60s, &origins);
 }
 
+// Issue 19: with a small quota and disk_bytes_per_uid_max left at its
+// default (a quarter of disk_bytes_max), a first user who posts until it is
+// refused leaves the second user a share as large as its own. Posts go
+// through the ring first: what a producer had already written into its lane
+// when its share was reached waits there, so the ring (4 MiB here, twice
+// the quota) cannot carry one user past its share.
+TEST_F(Hostile, ASecondUserIsNeverStarvedByAFirstAtASmallQuota) {
+  constexpr uint64_t kDiskBytesMax = 2u << 20;
+  constexpr uint64_t kShare = kDiskBytesMax / 4;
+  const std::string refusing = "amqp://guest:guest@127.0.0.1:" + std::to_string(UnusedPort()) + "/";
+  StartDaemon({"disk_bytes_max = 2 MiB"}, refusing);
+  const auto fill_as = [&](const TestUser& user, const std::string& tag) {
+    PostPlan fill = Plan(tag);
+    fill.posts = 100000;
+    fill.pause_us = 0;
+    fill.budget_ms = 1000;
+    fill.stop_at_rc = POSTSPOOL_ENOSPACE;
+    fill.stop_after = 10;
+    return PostAs(user, fill);
+  };
+  const PostReport first = fill_as(attacker_, "fill-a");
+  ASSERT_FALSE(first.fail_codes.empty()) << "the first user never reached its share";
+  EXPECT_EQ(first.fail_codes.front(), POSTSPOOL_ENOSPACE) << first.fail_messages.front();
+  EXPECT_EQ(first.Count(POSTSPOOL_TRANSPORT_SPOOL), 0);
+  EXPECT_NE(daemon_->LogText().find("this uid's posts reached disk_bytes_per_uid_max"),
+            std::string::npos)
+      << LogTail(10);
+
+  // The second user: a few posts at its own pace, then as many as it can.
+  const PostReport quiet = VictimPosts("quiet");
+  ExpectAllOverTheSocket(quiet, "the second user, after the first filled its share");
+  const PostReport second = fill_as(victim_, "fill-v");
+  ASSERT_FALSE(second.fail_codes.empty()) << "the second user never reached its share";
+  EXPECT_EQ(second.fail_codes.front(), POSTSPOOL_ENOSPACE) << second.fail_messages.front();
+  EXPECT_EQ(second.Count(POSTSPOOL_TRANSPORT_SPOOL), 0);
+  std::printf("[ figures ] issue 19 disk share at disk_bytes_max = 2 MiB (share %llu bytes): the "
+              "first user had %zu posts accepted before POSTSPOOL_ENOSPACE, the second %zu + %zu\n",
+              static_cast<unsigned long long>(kShare), first.ok.size(), quiet.ok.size(),
+              second.ok.size());
+  // The same posts (tags of one length) and the same share: the second
+  // user got as much as the first, give or take what waited in a lane.
+  EXPECT_GE((quiet.ok.size() + second.ok.size()) * 10, first.ok.size() * 9)
+      << "the second user got less room than the first";
+  // Neither user took more than its share plus a lane (32 KiB), and the
+  // disk is not full: a third user would find room too.
+  const auto deadline = Clock::now() + 30s;
+  uint64_t disk = 0;
+  while ((disk = Metric("disk_bytes")) == 0 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_GT(disk, 0u);
+  EXPECT_LT(disk, kDiskBytesMax) << "two users filled the whole quota";
+
+  // Everything accepted arrives once a broker takes it.
+  ASSERT_EQ(daemon_->Stop(), 0);
+  const auto origins = JournalOrigins();
+  DaemonProcess::Options o;
+  o.broker_url = broker_->url();
+  o.exchange = exchange_;
+  daemon_->Reconfigure(o);
+  ASSERT_TRUE(daemon_->Start());
+  ExpectArrivedAsPosted(first, attacker_, 120s, &origins);
+  ExpectArrivedAsPosted(quiet, victim_, 120s, &origins);
+  ExpectArrivedAsPosted(second, victim_, 120s, &origins);
+}
+
 TEST_F(Hostile, OneUsersIdleConnectionsDoNotPushOthersToTheSpool) {
   StartDaemon();
   const PostReport quiet = VictimPosts("quiet");

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -32,6 +33,10 @@
 #include "broker/broker_fixture.h"
 #include "e2e/daemon_process.h"
 #include "hostile/test_users.h"
+#include "journal.h"
+#include "postspool.h"
+#include "segment_format.h"
+#include "unique_fd.h"
 
 namespace postspool::testing {
 namespace {
@@ -43,6 +48,13 @@ using namespace std::chrono_literals;
 std::string Env(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr ? v : "";
+}
+
+// Occurrences of `what` in `text`.
+size_t Count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
 }
 
 // Runs `args` (argv[0] is a path), stdout into *out (stderr into *err if
@@ -188,11 +200,12 @@ TEST_F(Ops, StatusIsHealthyAndCountsEveryPostWithTheBrokerUp) {
   const json j = WaitStatus([](const json& s) { return s["posts"]["confirmed"] == 20; });
   // By socket, or by spool when a post's time budget ran out on a loaded
   // machine: each counted once.
-  EXPECT_EQ(j["posts"]["received"]["socket"].get<int>() + j["posts"]["received"]["spool"].get<int>(),
+  EXPECT_EQ(j["posts"]["received"]["ring"].get<int>() + j["posts"]["received"]["socket"].get<int>() +
+                j["posts"]["received"]["spool"].get<int>(),
             20);
   EXPECT_EQ(j["posts"]["journaled"], 20);
   EXPECT_GE(j["posts"]["published"].get<int>(), 20);
-  EXPECT_EQ(j["posts"]["dropped_unroutable"], 0);
+  EXPECT_EQ(j["posts"]["unroutable_dropped"], 0);
   EXPECT_EQ(j["broker"]["state"], "connected");
   // The URL is shown without its password.
   const std::string url = j["broker"]["url"];
@@ -203,6 +216,10 @@ TEST_F(Ops, StatusIsHealthyAndCountsEveryPostWithTheBrokerUp) {
   const json s = WaitStatus([](const json& x) { return x["backlog"]["posts"] == 0; });
   EXPECT_TRUE(s["backlog"]["posts_exact"].get<bool>());
   EXPECT_TRUE(s["backlog"]["oldest_unconfirmed_age_s"].is_null());
+  // The backlog's bytes, not the journal's: the segment of the 20
+  // confirmed posts is still there.
+  EXPECT_EQ(s["backlog"]["bytes"], 0);
+  EXPECT_GT(s["backlog"]["journal_bytes"].get<uint64_t>(), 0u);
   std::string out;
   EXPECT_EQ(Cli({"status"}, &out), 0) << out;
   EXPECT_NE(out.find("health      healthy"), std::string::npos) << out;
@@ -210,6 +227,94 @@ TEST_F(Ops, StatusIsHealthyAndCountsEveryPostWithTheBrokerUp) {
   std::vector<ReceivedMessage> got;
   ASSERT_TRUE(consumer_.GetAll(queue_, &got).ok());
   EXPECT_EQ(got.size(), 20u);
+}
+
+// Each number of status against a count the test knows: the transport of
+// each post (the CLI prints it), the journal's records, the rate window.
+TEST_F(Ops, StatusCountsEveryTransportAndTheBacklogsOwnBytes) {
+  StartDaemon("amqp://guest:guest@127.0.0.1:" + std::to_string(UnusedPort()) + "/");
+  // A fresh daemon knows its backlog is empty: exactly 0, not "at least".
+  const json fresh = WaitStatus([](const json& s) { return s["rates"].contains("window_s"); });
+  EXPECT_EQ(fresh["backlog"]["posts"], 0);
+  EXPECT_TRUE(fresh["backlog"]["posts_exact"].get<bool>());
+  EXPECT_EQ(fresh["backlog"]["bytes"], 0);
+  std::string out;
+  Cli({"status"}, &out);
+  EXPECT_NE(out.find("backlog     0 posts (0 B)"), std::string::npos) << out;
+  EXPECT_EQ(out.find("at least"), std::string::npos) << out;
+
+  // The CLI prints each post's transport. One process posts `count` posts
+  // (the ring is asked for on the first), with a budget no loaded machine
+  // runs out of: a post that went to the spool after its socket ack came
+  // late would be counted by the daemon under the socket (the spooled copy
+  // is dropped as a duplicate) and the test's count would be wrong.
+  std::map<std::string, int> by_transport;
+  const auto post = [&](int count, const std::string& prefix, const std::string& socket) {
+    std::string lines;
+    for (int i = 0; i < count; ++i) {
+      lines += "{\"relPath\": \"ops/" + prefix + std::to_string(i) + ".txt\"}\n";
+    }
+    std::string o, e;
+    ASSERT_EQ(RunProgram({cli_, "post", "--json", "--socket", socket, "--spool-dir",
+                          daemon_->spool_dir(), "--budget-ms", "10000"},
+                         &o, &e, lines),
+              0)
+        << o << e;
+    std::istringstream in(o);
+    for (std::string id, transport; in >> id >> transport;) ++by_transport[transport];
+  };
+  post(9, "r", daemon_->socket_path());  // the ring, as a client takes it by default
+  ::setenv("POSTSPOOL_RING", "0", 1);
+  post(7, "s", daemon_->socket_path());
+  ::unsetenv("POSTSPOOL_RING");
+  post(5, "f", daemon_->root() + "/run/nobody-listens.sock");
+  EXPECT_EQ(by_transport["spool"], 5);
+  EXPECT_EQ(by_transport["ring"] + by_transport["socket"] + by_transport["spool"], 21)
+      << "transports printed: ring " << by_transport["ring"] << ", socket "
+      << by_transport["socket"] << ", spool " << by_transport["spool"];
+
+  const json j = WaitStatus([](const json& s) {
+    return s["posts"]["journaled"] == 21 && s["backlog"]["posts"] == 21 &&
+           s["backlog"]["posts_exact"] == true;
+  });
+  EXPECT_EQ(j["posts"]["received"]["ring"], by_transport["ring"]);
+  EXPECT_EQ(j["posts"]["received"]["socket"], by_transport["socket"]);
+  EXPECT_EQ(j["posts"]["received"]["spool"], by_transport["spool"]);
+  // Nothing is confirmed: the backlog is every record in the journal.
+  UniqueFd dir(::open(daemon_->journal_dir().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  std::vector<uint64_t> seqs;
+  ASSERT_TRUE(daemon::ListJournalSegments(dir.get(), &seqs).ok());
+  uint64_t records_bytes = 0;
+  for (const uint64_t seq : seqs) {
+    struct stat st {};
+    ASSERT_EQ(::fstatat(dir.get(), daemon::JournalSegmentName(seq).c_str(), &st, 0), 0);
+    records_bytes += static_cast<uint64_t>(st.st_size) - segment::kHeaderBytes;
+  }
+  EXPECT_EQ(j["backlog"]["bytes"].get<uint64_t>(), records_bytes);
+  // The rates: every post came after the first sample; within the minute
+  // the window covers, received over the window is all of them once a
+  // sample (one a second) was taken after the last.
+  const json r = WaitStatus([](const json& s) {
+    const json& rates = s["rates"];
+    return s["daemon"]["uptime_s"].get<double>() >= 55 ||
+           std::abs(rates["received_per_s"].get<double>() * rates["window_s"].get<double>() - 21) <
+               0.01;
+  });
+  if (r["daemon"]["uptime_s"].get<double>() < 55) {
+    EXPECT_NEAR(r["rates"]["received_per_s"].get<double>() * r["rates"]["window_s"].get<double>(),
+                21.0, 0.01)
+        << r["rates"].dump();
+    EXPECT_NEAR(r["rates"]["journaled_per_s"].get<double>() * r["rates"]["window_s"].get<double>(),
+                21.0, 0.01)
+        << r["rates"].dump();
+  } else {
+    std::printf("[ note ] the machine was too slow to check the rates within their minute\n");
+  }
+  Cli({"status"}, &out);
+  const std::string want = "received 21 (ring " + std::to_string(by_transport["ring"]) +
+                           ", socket " + std::to_string(by_transport["socket"]) + ", spool 5), journaled 21";
+  EXPECT_NE(out.find(want), std::string::npos) << out;
+  EXPECT_NE(out.find("backlog     21 posts ("), std::string::npos) << out;
 }
 
 TEST_F(Ops, BrokerDownIsUnhealthyAndShutdownCountsEveryUnconfirmedPost) {
@@ -250,8 +355,8 @@ TEST_F(Ops, UnroutablePostsAreCountedInStatusAndTheLog) {
   // No queue bound: the broker returns every post (publish_mandatory).
   StartDaemon(broker_->url());
   Post(3);
-  const json j = WaitStatus([](const json& s) { return s["posts"]["dropped_unroutable"] == 3; });
-  EXPECT_EQ(j["posts"]["returned"], 3);
+  const json j = WaitStatus([](const json& s) { return s["posts"]["unroutable_dropped"] == 3; });
+  EXPECT_EQ(j["posts"]["unroutable"], 3);
   EXPECT_EQ(j["posts"]["confirmed"], 0);
   EXPECT_TRUE(j["posts"].contains("last_unroutable_drop_unix_ms"));
   EXPECT_EQ(j["backlog"]["posts"], 0) << "dropped posts are no backlog";
@@ -411,7 +516,11 @@ TEST_F(Ops, AnOrdinaryUserMayReadStatusButNotChangeState) {
 
 TEST_F(Ops, MetricsParseWithThePrometheusParserFromTheSocketAndTheFile) {
   ASSERT_TRUE(consumer_.DeclareBoundQueue(queue_, exchange_).ok());
+  // The unit's UMask=0077: the metrics file is 0644 all the same, for a
+  // node_exporter of another user (packaging/README.md).
+  const mode_t umask_before = ::umask(077);
   StartDaemon(broker_->url());
+  ::umask(umask_before);
   Post(7);
   WaitStatus([](const json& s) { return s["posts"]["confirmed"] == 7; });
   const std::string python = Env("PYTHON3"), script = Env("PARSE_METRICS");
@@ -427,14 +536,24 @@ TEST_F(Ops, MetricsParseWithThePrometheusParserFromTheSocketAndTheFile) {
   uint64_t value = 0;
   while (lines >> name >> value) socket_values[name] = value;
   EXPECT_EQ(socket_values["postspool_confirmed_total"], 7u);
-  EXPECT_EQ(socket_values["postspool_socket_posts_journaled_total"] +
+  EXPECT_EQ(socket_values["postspool_ring_posts_journaled_total"] +
+                socket_values["postspool_socket_posts_journaled_total"] +
                 socket_values["postspool_spool_posts_journaled_total"],
             7u);
+  // Every metric has its # HELP line (the parser above checks it is
+  // there), and # HELP comes before # TYPE, as Prometheus writes it.
+  EXPECT_EQ(Count(text, "\n# HELP postspool_") + (text.rfind("# HELP ", 0) == 0 ? 1 : 0),
+            socket_values.size())
+      << text;
+  EXPECT_EQ(text.rfind("# HELP postspool_", 0), 0u) << text;
   EXPECT_EQ(socket_values["postspool_backlog_posts"], 0u);
   EXPECT_GE(socket_values["postspool_control_requests_total"], 1u);
   // The file (node_exporter's textfile collector): the same names, and
   // never a partial file while the daemon rewrites it every 100 ms.
   const std::string file = daemon_->root() + "/metrics.prom";
+  struct stat st {};
+  ASSERT_EQ(::stat(file.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0644u);
   ASSERT_EQ(RunProgram({python, script, file}, &parsed, &err), 0) << err;
   std::map<std::string, uint64_t> file_values;
   std::istringstream flines(parsed);
@@ -596,6 +715,26 @@ TEST_F(Ops, ExitCodesForUsageErrorsAndAnUnreachableDaemon) {
   EXPECT_EQ(RunProgram({cli_, "status", "--frobnicate"}, &out, &err), 2);
   EXPECT_EQ(RunProgram({cli_, "metrics", "--json"}, &out, &err), 2);
   EXPECT_EQ(RunProgram({cli_, "log-level", "loud"}, &out, &err), 2);
+  // A missing value is said as such by every command, and a usage error is
+  // one line and where the usage is, not the whole usage.
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"drain", "--timeout"}, {"status", "--control-socket"},
+        {"metrics", "--control-socket"}, {"post", "--rel-path"}, {"verify", "--quarantine-dir"}}) {
+    EXPECT_EQ(RunProgram({cli_, args[0], args[1]}, &out, &err), 2) << args[0];
+    EXPECT_NE(err.find(args[1] + " needs a value"), std::string::npos) << args[0] << ": " << err;
+    EXPECT_EQ(Count(err, "\n"), 2u) << args[0] << ": " << err;
+    EXPECT_NE(err.find("(usage: postspool " + args[0] + " --help)"), std::string::npos) << err;
+  }
+  EXPECT_EQ(RunProgram({cli_, "status", "--frobnicate"}, &out, &err), 2);
+  EXPECT_EQ(err, "postspool status: unknown option \"--frobnicate\"\n(usage: postspool status --help)\n");
+  EXPECT_EQ(RunProgram({cli_, "frobnicate"}, &out, &err), 2);
+  EXPECT_EQ(err, "postspool: unknown command \"frobnicate\"\n(usage: postspool --help)\n");
+  // --version, which the man page lists, and post's help names the ring.
+  EXPECT_EQ(RunProgram({cli_, "--version"}, &out, &err), 0);
+  EXPECT_EQ(out, "postspool " + std::to_string(POSTSPOOL_VERSION_MAJOR) + "." +
+                     std::to_string(POSTSPOOL_VERSION_MINOR) + "\n");
+  EXPECT_EQ(RunProgram({cli_, "post", "--help"}, &out, &err), 0);
+  EXPECT_NE(out.find("ring|socket|spool"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Parses Prometheus text-format metrics (a file, or stdin with "-") with the
 reference parser (prometheus_client.parser), checks postspool's naming
-conventions, and prints one "name value" line per sample.
+conventions and that every metric has its # HELP line, and prints one "name value" line per sample.
 
 Exit 0 if every line parsed and every name follows the conventions; 1 with
 the reason on stderr otherwise. Used by tests/ops/ops_test.cc.
@@ -43,6 +43,8 @@ def main() -> int:
                     problems.append(f"{s.name}: a counter whose name does not end in _total")
                 if family.type == "gauge" and s.name.endswith("_total"):
                     problems.append(f"{s.name}: a gauge named like a counter")
+                if not family.documentation.strip():
+                    problems.append(f"{s.name}: no # HELP line")
                 if family.type not in ("counter", "gauge"):
                     problems.append(f"{s.name}: type {family.type} (no TYPE line?)")
                 if s.value < 0 or s.value != int(s.value):

@@ -1044,7 +1044,7 @@ bool World::RingHeldByQuota(uid_t uid) {
   if (!dp_) return false;
   const uint64_t largest = segment::RecordBytes(segment::kRecordPayloadMax);
   return dp_->ingest->DiskBytes() + largest > config_.disk_bytes_max ||
-         dp_->ingest->UidBytes(uid) + largest > config_.disk_bytes_per_uid_max;
+         dp_->ingest->UidBytes(uid) + largest > config_.DiskBytesPerUidMax();
 }
 
 bool World::DeadLane(std::string* which) {
@@ -1340,7 +1340,7 @@ void World::StartDaemon() {
       const uint64_t largest = segment::RecordBytes(segment::kRecordPayloadMax);
       for (const auto& e : port->rings()) {
         if (ingest->DiskBytes() + largest > config_.disk_bytes_max ||
-            ingest->UidBytes(e.uid) + largest > config_.disk_bytes_per_uid_max) {
+            ingest->UidBytes(e.uid) + largest > config_.DiskBytesPerUidMax()) {
           unadmitted_at_sleep_.insert(e.uid);
         }
       }
