@@ -251,11 +251,11 @@ void Complain(const std::string& what) {
   (void)!::write(STDERR_FILENO, line.data(), line.size());
 }
 
+// Parses the configuration, on the one thread that wins the race to it.
+// Returns at once on the others (Active waits for the winner).
 void Init() {
   InitState expected = InitState::kNotYet;
   if (!g_init.compare_exchange_strong(expected, InitState::kRunning, std::memory_order_acq_rel)) {
-    // Another thread initialises: wait for it (it runs no host code).
-    while (g_init.load(std::memory_order_acquire) == InitState::kRunning) ::sched_yield();
     return;
   }
   Guard guard;
@@ -291,14 +291,32 @@ void Init() {
   g_init.store(InitState::kActive, std::memory_order_release);
 }
 
+// How long a thread waits for another thread's Init. Init runs no host
+// code and takes microseconds; the bound is for a child forked while a
+// thread of its parent was in Init (that thread does not exist there).
+constexpr int64_t kInitWaitNs = 1000000000;
+
+// The shim's state once Init has finished, on whichever thread it runs.
+// A thread that arrives while another initialises waits for it: taking
+// kRunning for "inactive" lost the posts of threads that closed files
+// together at start-up (issue 20).
+InitState AwaitInit() {
+  Init();
+  InitState s = g_init.load(std::memory_order_acquire);
+  if (s != InitState::kRunning) return s;
+  const int64_t until = MonotonicNs() + kInitWaitNs;
+  while ((s = g_init.load(std::memory_order_acquire)) == InitState::kRunning) {
+    if (MonotonicNs() > until) return s;
+    ::sched_yield();
+  }
+  return s;
+}
+
 // Whether this call may post. Cheap on the common path.
 bool Active() {
   if (t_depth > 0 || g_exiting.load(std::memory_order_relaxed)) return false;
   InitState s = g_init.load(std::memory_order_acquire);
-  if (s == InitState::kNotYet) {
-    Init();
-    s = g_init.load(std::memory_order_acquire);
-  }
+  if (s == InitState::kNotYet || s == InitState::kRunning) s = AwaitInit();
   if (s != InitState::kActive) return false;
   return static_cast<pid_t>(::syscall(SYS_getpid)) == g_pid.load(std::memory_order_relaxed);
 }
@@ -589,6 +607,10 @@ int WrappedMain(int argc, char** argv, char** envp) {
   // finaliser, so it runs before any library's destructors; and before the
   // program's own handlers, so it runs after them (coreutils' close_stdout).
   ::atexit(PostAtExit);
+  // Initialised before the program's own code runs, so that threads it
+  // starts find the shim ready (Active also waits, for threads started by
+  // constructors).
+  (void)Active();
   return g_real_main(argc, argv, envp);
 }
 

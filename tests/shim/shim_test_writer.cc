@@ -44,10 +44,14 @@ struct ThreadArgs {
   std::string dir;
   int thread;
   int files;
+  pthread_barrier_t* start;
 };
 
 void* ThreadMain(void* p) {
   const auto* a = static_cast<ThreadArgs*>(p);
+  // Every thread makes its first call together (the shim's first use in
+  // the process, when main made none before).
+  ::pthread_barrier_wait(a->start);
   for (int i = 0; i < a->files; ++i) {
     WriteFile(a->dir + "/t" + std::to_string(a->thread) + "_" + std::to_string(i),
               "thread " + std::to_string(a->thread) + " file " + std::to_string(i) + "\n");
@@ -76,8 +80,10 @@ int main(int argc, char** argv) {
     const int threads = std::atoi(argv[3]);
     std::vector<pthread_t> ids(static_cast<size_t>(threads));
     std::vector<ThreadArgs> args(static_cast<size_t>(threads));
+    pthread_barrier_t start;
+    ::pthread_barrier_init(&start, nullptr, static_cast<unsigned>(threads));
     for (int t = 0; t < threads; ++t) {
-      args[static_cast<size_t>(t)] = ThreadArgs{dir, t, std::atoi(argv[4])};
+      args[static_cast<size_t>(t)] = ThreadArgs{dir, t, std::atoi(argv[4]), &start};
       Check(::pthread_create(&ids[static_cast<size_t>(t)], nullptr, ThreadMain,
                              &args[static_cast<size_t>(t)]) == 0,
             "pthread_create");
