@@ -525,6 +525,38 @@ TEST_F(ShimPrograms, ThreadsClosingTogetherAtStartUpPostEveryFile) {
   ExpectPosts(want);
 }
 
+// Issue 19: a post the shim cannot make is counted and said: one line on
+// stderr per process, or with shim_debug one per post and the count at
+// exit. Here every transport fails (no daemon, no spool directory).
+TEST_F(ShimPrograms, PostsNotMadeAreSaidOncePerProcess) {
+  const std::string no_socket = scratch_.File("no-daemon.sock");
+  const std::string no_spool = scratch_.File("no-spool-dir");
+  const std::vector<std::string> env = ShimEnv(no_socket, no_spool);
+  const ProgramRun quiet =
+      RunProgram({POSTSPOOL_SHIM_WRITER, "threads", ".", "1", "3"}, work_, env, scratch_.path());
+  EXPECT_EQ(quiet.exit_code, 0) << quiet.err;
+  EXPECT_TRUE(fs::exists(work_ + "/t0_2"));
+  const auto lines = [](const std::string& text, const std::string& part) {
+    size_t n = 0;
+    for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(lines(quiet.err, "\n"), 1u) << quiet.err;
+  EXPECT_EQ(quiet.err.rfind("libpostspool-shim: post of ", 0), 0u) << quiet.err;
+  EXPECT_NE(quiet.err.find(Rel("t0_0") + " not made: "), std::string::npos) << quiet.err;
+  EXPECT_NE(quiet.err.find("shim_debug on shows each"), std::string::npos) << quiet.err;
+
+  extra_options_ = {"shim_debug on"};
+  const ProgramRun debug = RunProgram({POSTSPOOL_SHIM_WRITER, "threads", ".", "1", "3"}, work_,
+                                      ShimEnv(no_socket, no_spool), scratch_.path());
+  EXPECT_EQ(debug.exit_code, 0) << debug.err;
+  EXPECT_EQ(lines(debug.err, "libpostspool-shim: post of "), 3u) << debug.err;
+  EXPECT_NE(debug.err.find("(3 in this process)"), std::string::npos) << debug.err;
+  EXPECT_NE(debug.err.find("libpostspool-shim: 3 post(s) not made in this process\n"),
+            std::string::npos)
+      << debug.err;
+}
+
 TEST_F(ShimPrograms, ForkedChildrenWriting) {
   RunBoth({POSTSPOOL_SHIM_WRITER, "fork", ".", "4", "5"});
   std::vector<std::string> want = {FilePost("parent_before"), FilePost("parent_after")};
