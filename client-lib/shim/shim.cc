@@ -87,6 +87,9 @@ std::atomic<bool> g_exiting{false};       // no posts once teardown began
 std::atomic<postspool_client*> g_client{nullptr};
 pthread_mutex_t g_client_mutex = PTHREAD_MUTEX_INITIALIZER;
 int (*g_real_main)(int, char**, char**) = nullptr;
+// True in the child of a fork() (until it execs): its descriptors, until it
+// opens its own, are the parent's too.
+bool g_fork_child = false;
 
 // Posts the shim should have made and could not (see Dropped): this
 // process's count, and whether it said so on stderr yet.
@@ -232,6 +235,7 @@ bool OutsideMinInterval(const char* path) {
 // other threads of the parent held are free here.
 void AtForkChild() {
   g_pid.store(static_cast<pid_t>(::syscall(SYS_getpid)), std::memory_order_relaxed);
+  g_fork_child = true;
   g_posts_dropped.store(0, std::memory_order_relaxed);  // a new process: its own count
   g_drop_said.store(false, std::memory_order_relaxed);
   g_dups_lock.reset();
@@ -681,6 +685,21 @@ void PostAtExit() {
   g_exiting.store(true, std::memory_order_relaxed);
 }
 
+// Before an exec replaces the program: the kernel closes the descriptors
+// marked close-on-exec without a close() the shim sees, so the files
+// written through them are posted here (the others stay open in the new
+// program, which posts them at its last close or exit if it runs under the
+// shim). Not in a fork child: its descriptors are its parent's, which is
+// still writing and posts at its own close.
+void PostBeforeExec() {
+  if (g_fork_child || !Active()) return;
+  Guard guard;
+  ErrnoKeeper keep_errno;
+  RangeClose closing(0, ~0u, Collect::kExec);
+  closing.Post();
+  SayDropTotal();
+}
+
 int WrappedMain(int argc, char** argv, char** envp) {
   // Registered here, after the C library registered the dynamic linker's
   // finaliser, so it runs before any library's destructors; and before the
@@ -1099,6 +1118,99 @@ SHIM_EXPORT int __libc_start_main(int (*main)(int, char**, char**), int argc, ch
   const StartMain real = Next(&slot, "__libc_start_main");
   g_real_main = main;
   return real(WrappedMain, argc, argv, init, fini, rtld_fini, stack_end);
+}
+
+// The exec family: each variant the C library has, because its own calls
+// between them (execl to execve, say) do not go through the interposers.
+// posix_spawn and system make a new process and are not needed.
+SHIM_EXPORT int execve(const char* path, char* const argv[], char* const envp[]) {
+  PostBeforeExec();
+  return REAL(execve)(path, argv, envp);
+}
+SHIM_EXPORT int execv(const char* path, char* const argv[]) {
+  PostBeforeExec();
+  return REAL(execv)(path, argv);
+}
+SHIM_EXPORT int execvp(const char* file, char* const argv[]) {
+  PostBeforeExec();
+  return REAL(execvp)(file, argv);
+}
+SHIM_EXPORT int execvpe(const char* file, char* const argv[], char* const envp[]) {
+  PostBeforeExec();
+  return REAL(execvpe)(file, argv, envp);
+}
+SHIM_EXPORT int fexecve(int fd, char* const argv[], char* const envp[]) {
+  PostBeforeExec();
+  return REAL(fexecve)(fd, argv, envp);
+}
+SHIM_EXPORT int execveat(int dirfd, const char* path, char* const argv[], char* const envp[],
+                         int flags) {
+  PostBeforeExec();
+  return REAL(execveat)(dirfd, path, argv, envp, flags);
+}
+
+namespace {
+
+// The arguments of execl, execle and execlp, up to their terminating null
+// pointer, become an argv array on the caller's stack, as the C library
+// builds it (an exec after fork in a threaded program may not allocate).
+constexpr size_t kExeclArgsMax = 1 << 20;
+
+// How many arguments (arg0 included) come before the null pointer; 0 if
+// more than kExeclArgsMax.
+size_t CountExeclArgs(va_list* ap) {
+  va_list count;
+  va_copy(count, *ap);
+  size_t n = 1;
+  while (va_arg(count, char*) != nullptr) {
+    if (++n > kExeclArgsMax) {
+      n = 0;
+      break;
+    }
+  }
+  va_end(count);
+  return n;
+}
+
+// Fills argv[0..argc] (the last a null pointer) and leaves *ap after the
+// null pointer (execle's envp).
+void FillExeclArgs(const char* arg0, va_list* ap, size_t argc, char** argv) {
+  argv[0] = const_cast<char*>(arg0);
+  for (size_t i = 1; i <= argc; ++i) argv[i] = va_arg(*ap, char*);
+}
+
+}  // namespace
+
+#define SHIM_EXECL_ARGV(arg0)                                                    \
+  va_list ap;                                                                  \
+  va_start(ap, arg0);                                                          \
+  const size_t argc = CountExeclArgs(&ap);                                     \
+  if (argc == 0) {                                                             \
+    va_end(ap);                                                                \
+    errno = E2BIG;                                                             \
+    return -1;                                                                 \
+  }                                                                            \
+  char** argv = static_cast<char**>(__builtin_alloca((argc + 1) * sizeof(char*))); \
+  FillExeclArgs(arg0, &ap, argc, argv);
+
+SHIM_EXPORT int execl(const char* path, const char* arg, ...) {
+  SHIM_EXECL_ARGV(arg)
+  va_end(ap);
+  PostBeforeExec();
+  return REAL(execv)(path, argv);
+}
+SHIM_EXPORT int execlp(const char* file, const char* arg, ...) {
+  SHIM_EXECL_ARGV(arg)
+  va_end(ap);
+  PostBeforeExec();
+  return REAL(execvp)(file, argv);
+}
+SHIM_EXPORT int execle(const char* path, const char* arg, ...) {
+  SHIM_EXECL_ARGV(arg)
+  char* const* envp = va_arg(ap, char* const*);
+  va_end(ap);
+  PostBeforeExec();
+  return REAL(execve)(path, argv, envp);
 }
 
 SHIM_EXPORT void _exit(int status) {
