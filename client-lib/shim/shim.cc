@@ -87,6 +87,14 @@ std::atomic<bool> g_exiting{false};       // no posts once teardown began
 std::atomic<postspool_client*> g_client{nullptr};
 pthread_mutex_t g_client_mutex = PTHREAD_MUTEX_INITIALIZER;
 int (*g_real_main)(int, char**, char**) = nullptr;
+// True in the child of a fork() (until it execs): its descriptors, until it
+// opens its own, are the parent's too.
+bool g_fork_child = false;
+
+// Posts the shim should have made and could not (see Dropped): this
+// process's count, and whether it said so on stderr yet.
+std::atomic<uint64_t> g_posts_dropped{0};
+std::atomic<bool> g_drop_said{false};
 
 // > 0 while this thread runs shim code: nothing it does is posted.
 __thread int t_depth __attribute__((tls_model("initial-exec"))) = 0;
@@ -227,6 +235,9 @@ bool OutsideMinInterval(const char* path) {
 // other threads of the parent held are free here.
 void AtForkChild() {
   g_pid.store(static_cast<pid_t>(::syscall(SYS_getpid)), std::memory_order_relaxed);
+  g_fork_child = true;
+  g_posts_dropped.store(0, std::memory_order_relaxed);  // a new process: its own count
+  g_drop_said.store(false, std::memory_order_relaxed);
   g_dups_lock.reset();
   g_recent_lock.reset();
   g_client_mutex = PTHREAD_MUTEX_INITIALIZER;
@@ -251,11 +262,11 @@ void Complain(const std::string& what) {
   (void)!::write(STDERR_FILENO, line.data(), line.size());
 }
 
+// Parses the configuration, on the one thread that wins the race to it.
+// Returns at once on the others (Active waits for the winner).
 void Init() {
   InitState expected = InitState::kNotYet;
   if (!g_init.compare_exchange_strong(expected, InitState::kRunning, std::memory_order_acq_rel)) {
-    // Another thread initialises: wait for it (it runs no host code).
-    while (g_init.load(std::memory_order_acquire) == InitState::kRunning) ::sched_yield();
     return;
   }
   Guard guard;
@@ -291,16 +302,69 @@ void Init() {
   g_init.store(InitState::kActive, std::memory_order_release);
 }
 
+// How long a thread waits for another thread's Init. Init runs no host
+// code and takes microseconds; the bound is for a child forked while a
+// thread of its parent was in Init (that thread does not exist there).
+constexpr int64_t kInitWaitNs = 1000000000;
+
+// The shim's state once Init has finished, on whichever thread it runs.
+// A thread that arrives while another initialises waits for it: taking
+// kRunning for "inactive" lost the posts of threads that closed files
+// together at start-up (issue 20).
+InitState AwaitInit() {
+  Init();
+  InitState s = g_init.load(std::memory_order_acquire);
+  if (s != InitState::kRunning) return s;
+  const int64_t until = MonotonicNs() + kInitWaitNs;
+  while ((s = g_init.load(std::memory_order_acquire)) == InitState::kRunning) {
+    if (MonotonicNs() > until) {
+      // Whatever this call would have posted is lost: count it (nothing
+      // can be said, the configuration is unknown).
+      g_posts_dropped.fetch_add(1, std::memory_order_relaxed);
+      return s;
+    }
+    ::sched_yield();
+  }
+  return s;
+}
+
+// Under shim_debug, the count of posts not made, when the program ends or
+// execs, if any.
+void SayDropTotal() {
+  const uint64_t n = g_posts_dropped.load(std::memory_order_relaxed);
+  if (n == 0 || g_config == nullptr || !g_config->shim_debug) return;
+  const std::string line =
+      "libpostspool-shim: " + std::to_string(n) + " post(s) not made in this process\n";
+  (void)!::write(STDERR_FILENO, line.data(), line.size());
+}
+
 // Whether this call may post. Cheap on the common path.
 bool Active() {
   if (t_depth > 0 || g_exiting.load(std::memory_order_relaxed)) return false;
   InitState s = g_init.load(std::memory_order_acquire);
-  if (s == InitState::kNotYet) {
-    Init();
-    s = g_init.load(std::memory_order_acquire);
-  }
+  if (s == InitState::kNotYet || s == InitState::kRunning) s = AwaitInit();
   if (s != InitState::kActive) return false;
   return static_cast<pid_t>(::syscall(SYS_getpid)) == g_pid.load(std::memory_order_relaxed);
+}
+
+// A post the shim should have made and did not: `what` names it (a path),
+// `why` the reason. Counted; under shim_debug one line each on stderr, else
+// one line on stderr for the first in the process (libpostspool-shim(7),
+// "POSTS NOT MADE").
+void Dropped(const char* what, const char* why) {
+  const uint64_t n = g_posts_dropped.fetch_add(1, std::memory_order_relaxed) + 1;
+  std::string line = "libpostspool-shim: post of ";
+  line += what != nullptr ? what : "(unknown)";
+  line += " not made: ";
+  line += why;
+  if (g_config != nullptr && g_config->shim_debug) {
+    line += " (" + std::to_string(n) + " in this process)\n";
+  } else if (!g_drop_said.exchange(true, std::memory_order_relaxed)) {
+    line += "; later ones in this process are counted, not shown (shim_debug on shows each)\n";
+  } else {
+    return;
+  }
+  (void)!::write(STDERR_FILENO, line.data(), line.size());
 }
 
 // ---------------------------------------------------------------------------
@@ -380,7 +444,14 @@ postspool_client* Client() {
 
 void Send(struct postspool_post* post) {
   if (!g_config->post_baseUrl.empty()) post->base_url = g_config->post_baseUrl.c_str();
-  if (postspool_client* c = Client()) (void)postspool_post(c, post, nullptr);
+  postspool_client* c = Client();
+  if (c == nullptr) {
+    Dropped(post->rel_path, "libpostspool could not open a client");
+    return;
+  }
+  if (const int rc = postspool_post(c, post, nullptr); rc != POSTSPOOL_OK) {
+    Dropped(post->rel_path, postspool_strerror(rc));
+  }
 }
 
 int64_t Ns(const timespec& t) { return int64_t{t.tv_sec} * 1000000000 + t.tv_nsec; }
@@ -430,15 +501,24 @@ bool SetFileFields(int fd, const struct stat& st, uint8_t* digest, struct postsp
 void PostFile(const char* path, const struct stat* expect, const char* rename_from = nullptr,
               const char* hlink = nullptr) {
   const int fd = RawOpenAt(AT_FDCWD, path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
-  if (fd < 0) return;
+  if (fd < 0) {
+    // Gone (removed, renamed) since: nothing to post. Else (a file the
+    // program may write but not read, mode 0200) a post not made.
+    if (errno != ENOENT && errno != ELOOP) Dropped(RelPathOf(*g_config, path), "cannot open it for reading");
+    return;
+  }
   struct stat st;
   uint8_t digest[kSha512Bytes];
   struct postspool_post post;
   postspool_post_init(&post);
   if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
-      (expect == nullptr || (st.st_dev == expect->st_dev && st.st_ino == expect->st_ino)) &&
-      SetFileFields(fd, st, digest, &post)) {
+      (expect == nullptr || (st.st_dev == expect->st_dev && st.st_ino == expect->st_ino))) {
     post.rel_path = RelPathOf(*g_config, path);
+    if (!SetFileFields(fd, st, digest, &post)) {
+      RawClose(fd);
+      Dropped(post.rel_path, "cannot read it for its checksum");
+      return;
+    }
     post.rename = rename_from;
     post.hlink = hlink;
     RawClose(fd);
@@ -510,10 +590,16 @@ void PostWritten(const WrittenFile& f) {
   if (OutsideMinInterval(f.path)) PostFile(f.path, &f.st);
 }
 
+// Which descriptors CollectOpen takes.
+enum class Collect {
+  kClosing,  // all in the range (close_range, closefrom, exit); owned ones abandon the client
+  kExec,     // those an exec closes (FD_CLOEXEC); owned ones are left alone
+};
+
 // Every written file still open, in [first, last] (each file once):
-// at exit, and for close_range/closefrom. Owned descriptors in the range
-// abandon the client. Returns how many files went to `out` (up to `max`).
-int CollectOpen(unsigned first, unsigned last, WrittenFile* out, int max) {
+// at exit, at exec, and for close_range/closefrom. Returns how many files
+// went to `out` (up to `max`; those over it are posts not made).
+int CollectOpen(unsigned first, unsigned last, Collect which, WrittenFile* out, int max) {
   const int dir = RawOpenAt(AT_FDCWD, "/proc/self/fd", O_RDONLY | O_DIRECTORY);
   if (dir < 0) return 0;
   int n = 0;
@@ -525,36 +611,50 @@ int CollectOpen(unsigned first, unsigned last, WrittenFile* out, int max) {
       const auto* d = reinterpret_cast<const struct dirent64*>(buf + off);
       off += d->d_reclen;
       if (d->d_name[0] < '0' || d->d_name[0] > '9') continue;
-      const unsigned long fd = ::strtoul(d->d_name, nullptr, 10);
-      if (fd < first || fd > last || static_cast<int>(fd) == dir) continue;
-      if (IsOwned(static_cast<int>(fd))) {
-        AbandonClient(static_cast<int>(fd));
+      const unsigned long ufd = ::strtoul(d->d_name, nullptr, 10);
+      const int fd = static_cast<int>(ufd);
+      if (ufd < first || ufd > last || fd == dir) continue;
+      if (IsOwned(fd)) {
+        if (which == Collect::kClosing) AbandonClient(fd);
         continue;
       }
-      if (n >= max || !InspectWritten(static_cast<int>(fd), &out[n])) continue;
+      if (which == Collect::kExec) {
+        const int fd_flags = ::fcntl(fd, F_GETFD);
+        if (fd_flags < 0 || (fd_flags & FD_CLOEXEC) == 0) continue;
+      }
+      WrittenFile* f = &out[n < max ? n : max];  // out has max + 1 slots
+      if (!InspectWritten(fd, f)) continue;
       bool seen = false;
       for (int i = 0; i < n && !seen; ++i) {
-        seen = out[i].st.st_dev == out[n].st.st_dev && out[i].st.st_ino == out[n].st.st_ino;
+        seen = out[i].st.st_dev == f->st.st_dev && out[i].st.st_ino == f->st.st_ino;
       }
-      if (!seen) ++n;
+      if (seen) continue;
+      if (n < max) {
+        ++n;
+      } else {
+        Dropped(RelPathOf(*g_config, f->path), "more files open for writing than the shim tracks at once");
+      }
     }
   }
   RawClose(dir);
   return n;
 }
 
-constexpr int kOpenFilesMax = 64;
+constexpr int kOpenFilesMax = 256;
 
 // The files a closing range of descriptors leaves: collected before the
 // call, posted after it. The buffer is a mapping of its own (a WrittenFile
-// holds a path; 64 of them do not belong on a host thread's stack).
+// holds a path; 256 of them do not belong on a host thread's stack).
 class RangeClose {
  public:
-  RangeClose(unsigned first, unsigned last) {
+  RangeClose(unsigned first, unsigned last, Collect which = Collect::kClosing) {
     void* p = ::mmap(nullptr, Bytes(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return;
+    if (p == MAP_FAILED) {
+      Dropped("(the files open for writing)", "no memory to list them");
+      return;
+    }
     files_ = static_cast<WrittenFile*>(p);
-    count_ = CollectOpen(first, last, files_, kOpenFilesMax);
+    count_ = CollectOpen(first, last, which, files_, kOpenFilesMax);
   }
   ~RangeClose() {
     if (files_ != nullptr) ::munmap(files_, Bytes());
@@ -566,7 +666,7 @@ class RangeClose {
   }
 
  private:
-  static size_t Bytes() { return sizeof(WrittenFile) * kOpenFilesMax; }
+  static size_t Bytes() { return sizeof(WrittenFile) * (kOpenFilesMax + 1); }
   WrittenFile* files_ = nullptr;
   int count_ = 0;
 };
@@ -580,8 +680,24 @@ void PostAtExit() {
     ErrnoKeeper keep_errno;
     RangeClose open(0, ~0u);
     open.Post();
+    SayDropTotal();
   }
   g_exiting.store(true, std::memory_order_relaxed);
+}
+
+// Before an exec replaces the program: the kernel closes the descriptors
+// marked close-on-exec without a close() the shim sees, so the files
+// written through them are posted here (the others stay open in the new
+// program, which posts them at its last close or exit if it runs under the
+// shim). Not in a fork child: its descriptors are its parent's, which is
+// still writing and posts at its own close.
+void PostBeforeExec() {
+  if (g_fork_child || !Active()) return;
+  Guard guard;
+  ErrnoKeeper keep_errno;
+  RangeClose closing(0, ~0u, Collect::kExec);
+  closing.Post();
+  SayDropTotal();
 }
 
 int WrappedMain(int argc, char** argv, char** envp) {
@@ -589,6 +705,10 @@ int WrappedMain(int argc, char** argv, char** envp) {
   // finaliser, so it runs before any library's destructors; and before the
   // program's own handlers, so it runs after them (coreutils' close_stdout).
   ::atexit(PostAtExit);
+  // Initialised before the program's own code runs, so that threads it
+  // starts find the shim ready (Active also waits, for threads started by
+  // constructors).
+  (void)Active();
   return g_real_main(argc, argv, envp);
 }
 
@@ -998,6 +1118,99 @@ SHIM_EXPORT int __libc_start_main(int (*main)(int, char**, char**), int argc, ch
   const StartMain real = Next(&slot, "__libc_start_main");
   g_real_main = main;
   return real(WrappedMain, argc, argv, init, fini, rtld_fini, stack_end);
+}
+
+// The exec family: each variant the C library has, because its own calls
+// between them (execl to execve, say) do not go through the interposers.
+// posix_spawn and system make a new process and are not needed.
+SHIM_EXPORT int execve(const char* path, char* const argv[], char* const envp[]) {
+  PostBeforeExec();
+  return REAL(execve)(path, argv, envp);
+}
+SHIM_EXPORT int execv(const char* path, char* const argv[]) {
+  PostBeforeExec();
+  return REAL(execv)(path, argv);
+}
+SHIM_EXPORT int execvp(const char* file, char* const argv[]) {
+  PostBeforeExec();
+  return REAL(execvp)(file, argv);
+}
+SHIM_EXPORT int execvpe(const char* file, char* const argv[], char* const envp[]) {
+  PostBeforeExec();
+  return REAL(execvpe)(file, argv, envp);
+}
+SHIM_EXPORT int fexecve(int fd, char* const argv[], char* const envp[]) {
+  PostBeforeExec();
+  return REAL(fexecve)(fd, argv, envp);
+}
+SHIM_EXPORT int execveat(int dirfd, const char* path, char* const argv[], char* const envp[],
+                         int flags) {
+  PostBeforeExec();
+  return REAL(execveat)(dirfd, path, argv, envp, flags);
+}
+
+namespace {
+
+// The arguments of execl, execle and execlp, up to their terminating null
+// pointer, become an argv array on the caller's stack, as the C library
+// builds it (an exec after fork in a threaded program may not allocate).
+constexpr size_t kExeclArgsMax = 1 << 20;
+
+// How many arguments (arg0 included) come before the null pointer; 0 if
+// more than kExeclArgsMax.
+size_t CountExeclArgs(va_list* ap) {
+  va_list count;
+  va_copy(count, *ap);
+  size_t n = 1;
+  while (va_arg(count, char*) != nullptr) {
+    if (++n > kExeclArgsMax) {
+      n = 0;
+      break;
+    }
+  }
+  va_end(count);
+  return n;
+}
+
+// Fills argv[0..argc] (the last a null pointer) and leaves *ap after the
+// null pointer (execle's envp).
+void FillExeclArgs(const char* arg0, va_list* ap, size_t argc, char** argv) {
+  argv[0] = const_cast<char*>(arg0);
+  for (size_t i = 1; i <= argc; ++i) argv[i] = va_arg(*ap, char*);
+}
+
+}  // namespace
+
+#define SHIM_EXECL_ARGV(arg0)                                                    \
+  va_list ap;                                                                  \
+  va_start(ap, arg0);                                                          \
+  const size_t argc = CountExeclArgs(&ap);                                     \
+  if (argc == 0) {                                                             \
+    va_end(ap);                                                                \
+    errno = E2BIG;                                                             \
+    return -1;                                                                 \
+  }                                                                            \
+  char** argv = static_cast<char**>(__builtin_alloca((argc + 1) * sizeof(char*))); \
+  FillExeclArgs(arg0, &ap, argc, argv);
+
+SHIM_EXPORT int execl(const char* path, const char* arg, ...) {
+  SHIM_EXECL_ARGV(arg)
+  va_end(ap);
+  PostBeforeExec();
+  return REAL(execv)(path, argv);
+}
+SHIM_EXPORT int execlp(const char* file, const char* arg, ...) {
+  SHIM_EXECL_ARGV(arg)
+  va_end(ap);
+  PostBeforeExec();
+  return REAL(execvp)(file, argv);
+}
+SHIM_EXPORT int execle(const char* path, const char* arg, ...) {
+  SHIM_EXECL_ARGV(arg)
+  char* const* envp = va_arg(ap, char* const*);
+  va_end(ap);
+  PostBeforeExec();
+  return REAL(execve)(path, argv, envp);
 }
 
 SHIM_EXPORT void _exit(int status) {

@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+extern char** environ;
+
 namespace {
 
 bool g_failed = false;
@@ -44,10 +46,14 @@ struct ThreadArgs {
   std::string dir;
   int thread;
   int files;
+  pthread_barrier_t* start;
 };
 
 void* ThreadMain(void* p) {
   const auto* a = static_cast<ThreadArgs*>(p);
+  // Every thread makes its first call together (the shim's first use in
+  // the process, when main made none before).
+  ::pthread_barrier_wait(a->start);
   for (int i = 0; i < a->files; ++i) {
     WriteFile(a->dir + "/t" + std::to_string(a->thread) + "_" + std::to_string(i),
               "thread " + std::to_string(a->thread) + " file " + std::to_string(i) + "\n");
@@ -62,7 +68,9 @@ int Usage() {
                "       shim_test_writer remove PATH...\n"
                "       shim_test_writer vfork DIR\n"
                "       shim_test_writer closeall DIR\n"
-               "       shim_test_writer openexit DIR (return|_exit)\n");
+               "       shim_test_writer openexit DIR (return|_exit)\n"
+               "       shim_test_writer exec DIR (execl|execle|execlp|execv|execve|execvp|\n"
+               "                                  execvpe|execveat|fexecve)\n");
   return 2;
 }
 
@@ -76,8 +84,10 @@ int main(int argc, char** argv) {
     const int threads = std::atoi(argv[3]);
     std::vector<pthread_t> ids(static_cast<size_t>(threads));
     std::vector<ThreadArgs> args(static_cast<size_t>(threads));
+    pthread_barrier_t start;
+    ::pthread_barrier_init(&start, nullptr, static_cast<unsigned>(threads));
     for (int t = 0; t < threads; ++t) {
-      args[static_cast<size_t>(t)] = ThreadArgs{dir, t, std::atoi(argv[4])};
+      args[static_cast<size_t>(t)] = ThreadArgs{dir, t, std::atoi(argv[4]), &start};
       Check(::pthread_create(&ids[static_cast<size_t>(t)], nullptr, ThreadMain,
                              &args[static_cast<size_t>(t)]) == 0,
             "pthread_create");
@@ -145,6 +155,54 @@ int main(int argc, char** argv) {
     const int fd = ::open((dir + "/left_open").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     Check(fd >= 0 && ::write(fd, "never closed\n", 13) == 13, "open, write");
     if (std::string(argv[3]) == "_exit") ::_exit(g_failed ? 1 : 0);
+  } else if (mode == "exec" && argc == 4) {
+    // A file written through a close-on-exec descriptor that is never
+    // closed: the exec closes it. A fork child execs first while it is open
+    // (the child's copy is the parent's file: not posted then), then the
+    // parent writes more, opens a second file without close-on-exec (the
+    // new program inherits it) and execs /bin/true.
+    const std::string variant = argv[3];
+    const int fd = ::open((dir + "/cloexec").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    Check(fd >= 0 && ::write(fd, "first\n", 6) == 6, "open, write cloexec");
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::execl("/bin/true", "true", static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    Check(WIFEXITED(status) && WEXITSTATUS(status) == 0, "forked child's exec");
+    Check(::write(fd, "second\n", 7) == 7, "write cloexec");
+    const int kept = ::open((dir + "/inherited").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    Check(kept >= 0 && ::write(kept, "inherited\n", 10) == 10, "open, write inherited");
+    if (g_failed) return 1;
+    char true_name[] = "true";
+    char* const args[] = {true_name, nullptr};
+    if (variant == "execl") {
+      ::execl("/bin/true", "true", static_cast<char*>(nullptr));
+    } else if (variant == "execle") {
+      ::execle("/bin/true", "true", static_cast<char*>(nullptr), environ);
+    } else if (variant == "execlp") {
+      ::execlp("true", "true", static_cast<char*>(nullptr));
+    } else if (variant == "execv") {
+      ::execv("/bin/true", args);
+    } else if (variant == "execve") {
+      ::execve("/bin/true", args, environ);
+    } else if (variant == "execvp") {
+      ::execvp("true", args);
+    } else if (variant == "execvpe") {
+      ::execvpe("true", args, environ);
+    } else if (variant == "execveat") {
+      ::execveat(AT_FDCWD, "/bin/true", args, environ, 0);
+    } else if (variant == "fexecve") {
+      const int exe = ::open("/bin/true", O_RDONLY | O_CLOEXEC);
+      Check(exe >= 0, "open /bin/true");
+      ::fexecve(exe, args, environ);
+    } else {
+      return Usage();
+    }
+    Check(false, variant);
+    return 1;
   } else {
     return Usage();
   }

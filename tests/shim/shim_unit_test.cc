@@ -155,6 +155,8 @@ TEST(ShimAbiTest, ExportsOnlyTheInterposedFunctions) {
       "mkdir",             "mkdirat",   "open",      "open64",    "openat",      "openat64",
       "remove",            "rename",    "renameat",  "renameat2", "rmdir",       "socket",
       "symlink",           "symlinkat", "truncate",  "truncate64", "unlink",     "unlinkat",
+      "execl",             "execle",    "execlp",    "execv",     "execve",      "execveat",
+      "execvp",            "execvpe",   "fexecve",
   };
   EXPECT_EQ(names, interposed) << out;
 }
