@@ -179,13 +179,22 @@ void AppendBase64(const uint8_t* data, size_t n, std::string* out) {
   base64_encode_raw(out->data() + at, n, data);
 }
 
-// Sarracenia strips the leading '/' of relPath; the fileOp targets hlink
-// and rename are relPaths too (of the other name, of the old name).
+// Sarracenia strips the leading '/' of relPath. (The fileOp values keep
+// theirs: see AppendFileOp.)
 std::string_view WithoutLeadingSlashes(std::string_view path) {
   path.remove_prefix(std::min(path.find_first_not_of('/'), path.size()));
   return path;
 }
 
+// The fileOp values go out exactly as posted. An sr3 subscriber maps only
+// two forms of rename and hlink onto its own tree: an absolute path (its
+// baseDir, or the path of baseUrl, replaced by its directory; or `strip N`
+// counting the leading '/') and a bare name without '/'; anything else it
+// takes relative to the new file's directory. So the posters (the tool's
+// --file, the shim) post the absolute path of the old name, as `sr3 watch`
+// does, and a '/' stripped here would turn that into a path sr3 cannot
+// place (FORMAT.md, "fileOp values"). A link value is a symbolic link's
+// target and must stay as the link holds it.
 void AppendFileOp(const fb::FileOp* op, std::string* out) {
   if (op == nullptr) return;
   if (op->link() == nullptr && op->hlink() == nullptr && op->rename() == nullptr &&
@@ -196,12 +205,8 @@ void AppendFileOp(const fb::FileOp* op, std::string* out) {
   const size_t open_at = out->size();
   out->push_back('{');
   if (op->link() != nullptr) AppendStringMember("link", View(op->link()), open_at, out);
-  if (op->hlink() != nullptr) {
-    AppendStringMember("hlink", WithoutLeadingSlashes(View(op->hlink())), open_at, out);
-  }
-  if (op->rename() != nullptr) {
-    AppendStringMember("rename", WithoutLeadingSlashes(View(op->rename())), open_at, out);
-  }
+  if (op->hlink() != nullptr) AppendStringMember("hlink", View(op->hlink()), open_at, out);
+  if (op->rename() != nullptr) AppendStringMember("rename", View(op->rename()), open_at, out);
   if (op->remove()) AppendStringMember("remove", "", open_at, out);
   if (op->directory()) AppendStringMember("directory", "", open_at, out);
   out->push_back('}');

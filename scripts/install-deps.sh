@@ -28,6 +28,11 @@ packages=(
   nettle-dev rsync gfortran
   # the metrics test parses the Prometheus text format with its reference parser
   python3-prometheus-client
+  # tests/interop runs the unmodified sr3 subscriber of
+  # ../shared/third_party/sarracenia with Debian's python3 (its README)
+  python3-amqp python3-appdirs python3-humanfriendly python3-humanize
+  python3-jsonpickle python3-psutil python3-paramiko python3-watchdog python3-xattr
+  python3-magic python3-netifaces python3-dateparser python3-pkg-resources python3-requests
 )
 
 missing=()

@@ -228,12 +228,14 @@ TEST(V03Encoder, RefusesEveryNameOfTheSharedReservedList) {
   }
 }
 
-TEST(V03Encoder, HlinkAndRenameLoseTheirLeadingSlashLikeRelPath) {
+// sr3 maps an absolute rename/hlink value onto its tree (baseDir, strip);
+// without its '/' the value would be taken relative to the new file.
+TEST(V03Encoder, HlinkAndRenameKeepTheirLeadingSlash) {
   PostData p = MinimalPost();
   p.hlink = "/data/other.txt";
   p.rename = "/data/old.txt";
   EXPECT_EQ(Body(p),
-            MinimalBodyWith(R"(, "fileOp": {"hlink": "data/other.txt", "rename": "data/old.txt"})"));
+            MinimalBodyWith(R"(, "fileOp": {"hlink": "/data/other.txt", "rename": "/data/old.txt"})"));
 }
 
 TEST(V03Encoder, ExtraKeysAreCaseSensitiveWhenCheckedAgainstStandardNames) {

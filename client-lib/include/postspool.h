@@ -107,8 +107,11 @@ struct postspool_post {
   const char *rel_path;      /* required, relative to base_url */
   const char *retrieve_path;
   const char *link;          /* symlink target (fileOp.link) */
-  const char *hlink;         /* hard link: the other name (fileOp.hlink) */
-  const char *rename;        /* the name the file had before (fileOp.rename) */
+  const char *hlink;         /* hard link: the other name (fileOp.hlink; sr3
+                                subscribers do not apply it: post the file) */
+  const char *rename;        /* the name the file had before (fileOp.rename):
+                                its absolute path, which sr3 subscribers map
+                                onto their tree (FORMAT.md, "fileOp values") */
   uint32_t op_flags;         /* POSTSPOOL_OP_* */
   int identity_method;       /* enum postspool_identity_method */
   const void *identity_value;

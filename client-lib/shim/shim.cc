@@ -952,8 +952,11 @@ int RenameCall(int olddirfd, const char* oldpath, int newdirfd, const char* newp
           return;
         }
         if (p.to_watched) {
-          // From outside the watched names, the file simply appears.
-          PostEntry(p.to, p.from_watched ? RelPathOf(*g_config, p.from) : nullptr, nullptr);
+          // From outside the watched names, the file simply appears. The
+          // old name goes out as its absolute path (post_baseDir kept), the
+          // form an sr3 subscriber maps onto its tree (FORMAT.md, "fileOp
+          // values").
+          PostEntry(p.to, p.from_watched ? p.from : nullptr, nullptr);
         } else {
           struct stat st;
           PostRemoved(p.from, ::lstat(p.to, &st) == 0 && S_ISDIR(st.st_mode));
@@ -984,9 +987,6 @@ int LinkCall(int olddirfd, const char* oldpath, int newdirfd, const char* newpat
   TwoPaths p;
   return PathCall(
       [&] {
-        // linkat(fd, "", ..., AT_EMPTY_PATH) names the file by its
-        // descriptor (an O_TMPFILE made visible): no other name.
-        p.from_watched = oldpath != nullptr && oldpath[0] != 0 && Watched(olddirfd, oldpath, p.from);
         p.to_watched = Watched(newdirfd, newpath, p.to);
         return p.to_watched;
       },
@@ -994,7 +994,11 @@ int LinkCall(int olddirfd, const char* oldpath, int newdirfd, const char* newpat
         return at ? REAL(linkat)(olddirfd, oldpath, newdirfd, newpath, flags)
                   : REAL(link)(oldpath, newpath);
       },
-      [&] { PostEntry(p.to, nullptr, p.from_watched ? RelPathOf(*g_config, p.from) : nullptr); });
+      // A hard link is posted as the file it now is, with its content, not
+      // as fileOp hlink: sr3 subscribers do not apply hlink (its link1file
+      // reads fileOp.link first: KeyError), and a subscriber that never had
+      // the other name could not link to it anyway.
+      [&] { PostEntry(p.to, nullptr, nullptr); });
 }
 
 int SymlinkCall(const char* target, int newdirfd, const char* linkpath, bool at) {

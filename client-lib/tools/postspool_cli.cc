@@ -50,13 +50,13 @@ constexpr char kPostUsage[] =
     "                         separated by /, none empty, . or ..\n"
     "  --base-url URL         e.g. file:/ or sftp://host/ [baseUrl]; default: the daemon's\n"
     "  --retrieve-path PATH   where to fetch the file from [retrievePath]\n"
-    "  --rename OLD           the file was renamed from OLD [fileOp.rename]; OLD has the\n"
-    "                         form of --rel-path (subscribers take it as a path under\n"
-    "                         their directory); with --file, OLD is a file path taken\n"
-    "                         like --file's PATH\n"
+    "  --rename OLD           the file was renamed from OLD [fileOp.rename]: the absolute\n"
+    "                         path of the old name (an sr3 subscriber maps it onto its\n"
+    "                         tree with baseDir or strip); with --file, OLD is a file\n"
+    "                         path taken like --file's PATH and posted as its\n"
+    "                         absolute path\n"
     "  --link TARGET          a symbolic link and its target, as readlink shows it\n"
     "                         [fileOp.link]\n"
-    "  --hlink OTHER          a hard link to OTHER [fileOp.hlink]; the form of --rename\n"
     "  --remove               the file was removed [fileOp.remove]\n"
     "  --directory            the path is a directory [fileOp.directory]\n"
     "  --size N               bytes [size]\n"
@@ -68,11 +68,12 @@ constexpr char kPostUsage[] =
     "  --extra KEY=VALUE      a free extra field (repeatable)\n"
     "  --file PATH            fill size, mode, mtime, atime and a sha512 identity from\n"
     "                         PATH (lstat; a symbolic link gives --link TARGET and no\n"
-    "                         checksum; a directory gives --directory), and relPath:\n"
+    "                         checksum; a directory gives --directory; a hard link is\n"
+    "                         posted as the file it is), and relPath:\n"
     "                         PATH relative to --base-dir, normalised. With --remove,\n"
     "                         PATH must be gone. The options above override it\n"
-    "  --base-dir DIR         the directory the base URL stands for (default /): --file,\n"
-    "                         --rename and --hlink paths must be under it\n"
+    "  --base-dir DIR         the directory the base URL stands for (default /): --file\n"
+    "                         and --rename paths must be under it\n"
     "\n"
     "  --json                 read posts from stdin, one JSON object per line, with v03\n"
     "                         keys, as the daemon publishes them (and `postspool inspect`\n"
@@ -131,7 +132,7 @@ int PostUsage(const std::string& message) {
 // Long options of `post`; the value is the index in kPostOptions, found
 // back through option_index.
 enum PostOption {
-  kRelPath, kBaseUrl, kRetrievePath, kRename, kLink, kHlink, kRemove, kDirectory, kSize, kMode,
+  kRelPath, kBaseUrl, kRetrievePath, kRename, kLink, kRemove, kDirectory, kSize, kMode,
   kMtimeNs, kAtimeNs, kIdentity, kExtra, kFile, kBaseDir, kJson, kSocket, kSpoolDir, kBudgetMs,
   kHelp, kPostOptionCount
 };
@@ -141,7 +142,6 @@ constexpr option kPostOptions[] = {
     {"retrieve-path", required_argument, nullptr, kRetrievePath},
     {"rename", required_argument, nullptr, kRename},
     {"link", required_argument, nullptr, kLink},
-    {"hlink", required_argument, nullptr, kHlink},
     {"remove", no_argument, nullptr, kRemove},
     {"directory", no_argument, nullptr, kDirectory},
     {"size", required_argument, nullptr, kSize},
@@ -222,7 +222,6 @@ bool ParsePostArgs(int argc, char** argv, PostArgs* args, std::string* error) {
       case kRetrievePath: f.retrieve_path = value; break;
       case kRename: f.rename = value; break;
       case kLink: f.link = value; break;
-      case kHlink: f.hlink = value; break;
       case kFile: args->file = value; break;
       case kBaseDir: args->base_dir = value; break;
       case kSocket: args->socket_path = value; break;
@@ -492,7 +491,7 @@ int PostJsonLines(postspool_client* client, SocketCheck* socket_check) {
   return status;
 }
 
-// A path option given with --file (--rename OLD, --hlink OTHER): the same
+// A path option given with --file (--rename OLD): the same
 // form as --file's PATH, made a relPath under the base directory.
 bool FilePathToRelPath(const std::string& option_name, const std::string& path,
                        const std::string& base_dir, const std::string& cwd, std::string* rel_path,
@@ -511,7 +510,7 @@ bool FilePathToRelPath(const std::string& option_name, const std::string& path,
 }
 
 // The fields of `post --file`: the file's metadata, its relPath under the
-// base directory, and --rename/--hlink taken as file paths. The exit code.
+// base directory, and --rename taken as a file path. The exit code.
 int FieldsOfFile(const PostArgs& args, PostFields* fields) {
   const std::string& path = *args.file;
   const std::string base_dir = args.base_dir.value_or("/");
@@ -537,12 +536,6 @@ int FieldsOfFile(const PostArgs& args, PostFields* fields) {
       std::fprintf(stderr, "postspool: %s\n", error.c_str());
       return kExitFailed;
     }
-    if (S_ISREG(st.st_mode) && st.st_nlink > 1 && !args.fields.hlink) {
-      std::fprintf(stderr,
-                   "postspool: note: %s has %ju hard links; it is posted as a file of its own "
-                   "(to announce it as a hard link to another name, add --hlink OTHER)\n",
-                   path.c_str(), static_cast<uintmax_t>(st.st_nlink));
-    }
   }
   PostFields explicit_fields = args.fields;
   if (!explicit_fields.rel_path) {
@@ -552,14 +545,17 @@ int FieldsOfFile(const PostArgs& args, PostFields* fields) {
     }
     fields->rel_path = rel_path;
   }
-  for (auto [option_name, value] : {std::pair{"--rename", &explicit_fields.rename},
-                                    std::pair{"--hlink", &explicit_fields.hlink}}) {
-    if (!*value) continue;
+  if (explicit_fields.rename) {
+    // Under the base directory, and posted as its absolute path: the form an
+    // sr3 subscriber maps onto its tree (FORMAT.md, "fileOp values").
     std::string rel_path;
-    if (!FilePathToRelPath(option_name, **value, base_dir, cwd, &rel_path, &error)) {
+    std::string from_root;
+    if (!FilePathToRelPath("--rename", *explicit_fields.rename, base_dir, cwd, &rel_path,
+                           &error) ||
+        !FilePathToRelPath("--rename", *explicit_fields.rename, "/", cwd, &from_root, &error)) {
       return PostUsage(error);
     }
-    *value = rel_path;
+    explicit_fields.rename = "/" + from_root;
   }
   Overlay(explicit_fields, fields);
   return kExitOk;

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -545,24 +546,26 @@ TEST_F(CliSegmentTest, RemoveTakesAFileThatIsGoneAndRefusesOneThatExists) {
   EXPECT_FALSE(spooled[0].size.has_value());
 }
 
-TEST_F(CliSegmentTest, RenameAndHlinkWithFileAreFilePathsUnderTheBase) {
+// --rename with --file is a file path under the base, posted as its
+// absolute path: the form an sr3 subscriber maps onto its own tree.
+TEST_F(CliSegmentTest, RenameWithFileIsPostedAsTheAbsolutePathOfTheOldName) {
   const std::string file = data_.File("new.txt");
   std::ofstream(file) << "x";
   ASSERT_EQ(::link(file.c_str(), data_.File("other.txt").c_str()), 0);
   const ToolRun r = Post({"--file", "new.txt", "--rename", "./sub/../old.txt", "--base-dir", "."}, "",
                      data_.path());
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  // A file with two names is noticed.
-  EXPECT_NE(r.err.find("new.txt has 2 hard links"), std::string::npos) << r.err;
-  const ToolRun h = Post({"--file", "new.txt", "--hlink", "other.txt", "--base-dir", "."}, "",
-                     data_.path());
+  // A hard link is posted as the file it is (sr3 does not apply hlink).
+  const ToolRun h = Post({"--file", "other.txt", "--base-dir", "."}, "", data_.path());
   ASSERT_EQ(h.exit_code, 0) << h.err;
-  EXPECT_EQ(h.err.find("hard links"), std::string::npos) << h.err;
+  EXPECT_EQ(Post({"--file", "other.txt", "--hlink", "new.txt"}, "", data_.path()).exit_code, 2);
   const auto spooled = ReadSpool(spool_.path());
   ASSERT_EQ(spooled.size(), 2u);
   EXPECT_EQ(spooled[0].rel_path, "new.txt");
-  EXPECT_EQ(spooled[0].rename, "old.txt");
-  EXPECT_EQ(spooled[1].hlink, "other.txt");
+  EXPECT_EQ(spooled[0].rename, std::filesystem::canonical(data_.path()).string() + "/old.txt");
+  EXPECT_EQ(spooled[1].rel_path, "other.txt");
+  EXPECT_FALSE(spooled[1].hlink.has_value());
+  EXPECT_TRUE(spooled[1].size.has_value());
 }
 
 TEST_F(CliSegmentTest, AMissingSocketIsSaidOnceAndThePostStillSpooled) {
