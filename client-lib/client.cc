@@ -200,12 +200,14 @@ int Client::Post(const struct postspool_post* post, postspool_post_result* resul
                       "left (another thread's post held the client, or this one was "
                       "descheduled)";
     } else if (options_.socket_share_pct > 0) {
+      bool quota_full = false;
       if (options_.use_ring) {
         RingClient::Result rr = state_->ring.Post(record, &state_->socket, socket_deadline, deadline);
         if (rr.outcome == RingClient::Outcome::kAppended) {
           if (result != nullptr) result->transport = POSTSPOOL_TRANSPORT_RING;
           return POSTSPOOL_OK;
         }
+        quota_full = rr.outcome == RingClient::Outcome::kQuotaFull;
         if (rr.outcome == RingClient::Outcome::kNotSynced) {
           // In the ring, but the daemon (at `synced`) did not journal it in
           // time: the spool gets a copy, which the daemon drops as a
@@ -219,8 +221,9 @@ int Client::Post(const struct postspool_post* post, postspool_post_result* resul
         }
       }
       // A socket post is journaled at once: it must not overtake this
-      // process's posts still waiting in its lane.
-      const bool drained = !options_.use_ring || state_->ring.WaitDrained(socket_deadline);
+      // process's posts still waiting in its lane. (At the disk share the
+      // socket refuses it anyway, and the lane waits for the share.)
+      const bool drained = !options_.use_ring || quota_full || state_->ring.WaitDrained(socket_deadline);
       DaemonSocket::Result r = drained ? state_->socket.Post(record, 1, socket_deadline)
                                        : DaemonSocket::Result{false,
                                                               "not tried: the daemon did not read "

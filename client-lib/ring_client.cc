@@ -132,7 +132,7 @@ RingClient::Result RingClient::Post(std::span<const std::byte> record, DaemonSoc
   if (ring_.full().load(std::memory_order_relaxed) != 0) {
     // The daemon's quota for this user is reached: the socket says so
     // properly (POSTSPOOL_ENOSPACE), the ring must not take more.
-    return Result{Outcome::kUnavailable, "ring: the daemon takes no more of this user's posts"};
+    return Result{Outcome::kQuotaFull, "ring: the daemon takes no more of this user's posts"};
   }
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (!have_lane_) {

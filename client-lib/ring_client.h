@@ -42,6 +42,7 @@ class RingClient {
     kAppended,       // in the ring (and journaled, if the daemon is at `synced`)
     kNotSynced,      // in the ring, but not journaled within the budget (`synced`)
     kUnavailable,    // not taken: use the next transport (reason says why)
+    kQuotaFull,      // not taken: the uid is at its disk share (the socket says so)
   };
   struct Result {
     Outcome outcome = Outcome::kUnavailable;
