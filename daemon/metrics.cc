@@ -65,6 +65,7 @@ std::string Metrics::RenderPrometheus() const {
   PS_COUNTER(broker_connect_failures_total);
   PS_COUNTER(broker_connection_lost_total);
   PS_COUNTER(broker_blocked_total);
+  PS_COUNTER(broker_path_changes_total);
   PS_GAUGE(broker_connected);
   PS_GAUGE(publish_in_flight);
   PS_GAUGE(backlog_posts);

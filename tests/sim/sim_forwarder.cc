@@ -236,8 +236,9 @@ void SimForwarder::Connect(Clock::time_point now) {
   blocked_ = false;
   connected_at_ = now;
   confirms_this_connection_ = 0;
-  assert(window_->size() == 0 && window_->in_flight() == 0);
-  reader_.Seek(window_->watermark());
+  // The window kept what the last channel confirmed; the reader goes on
+  // where it was (publish_window.h, Reset).
+  assert(window_->in_flight() == 0);
 }
 
 void SimForwarder::ScheduleReconnect(Clock::time_point now) {
@@ -250,7 +251,7 @@ void SimForwarder::LoseConnection(Clock::time_point now) {
   if (confirms_this_connection_ > 0 || now - connected_at_ >= kStableConnection) {
     connect_backoff_.Reset();
   }
-  window_->Reset();
+  window_->Reset(now);
   blocked_ = false;
   ScheduleReconnect(now);
 }
