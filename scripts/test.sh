@@ -39,7 +39,9 @@ run build
 
 setup build-san -Dwerror=true -Db_sanitize=address,undefined -Db_lundef=false -Dbench=false
 # The packaging suite builds and installs the packages: once, in build/, is enough.
-run build-san --no-suite packaging
+# The cluster suite (three RabbitMQ nodes, minutes of faults) tests the broker
+# protocol, not memory: once, in build/, too.
+run build-san --no-suite packaging --no-suite cluster
 
 CC=clang-14 CXX=clang++-14 setup build-fuzz -Dwerror=true -Dfuzz=true -Dfuzz_seconds="$fuzz_seconds" \
   -Db_sanitize=address,undefined -Db_lundef=false -Dbench=false
