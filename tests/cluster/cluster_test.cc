@@ -390,5 +390,37 @@ TEST_F(ClusterTest, FrozenConnectedNodeLosesNothingAndDeliveryResumesWhileItIsFr
   if (frozen >= 0) cluster_->node(frozen).Resume();
 }
 
+// A memory alarm, then a disk alarm, on the connected node: the cluster
+// blocks publishers (connection.blocked). That is no broken path: the
+// forwarder waits, and publishes at once when the alarm clears.
+TEST_F(ClusterTest, MemoryAndDiskAlarmsBlockPublishingAndDeliveryResumesWhenTheyClear) {
+  RunScenario("alarms", 5, [&](Forwarder* f, Producer*) {
+    const int node = std::max(ConnectedNode(f), 0);
+    BrokerProcess& broker = cluster_->node(node);
+    const auto alarm = [&](const char* what, const std::vector<std::string>& raise,
+                           const std::vector<std::string>& clear) {
+      const uint64_t changes = f->snapshot().path_changes;
+      std::string out;
+      const Clock::time_point raised = Clock::now();
+      EXPECT_EQ(broker.Ctl(raise, &out), 0) << out;
+      const bool blocked = WaitFor([&] { return f->snapshot().state == "blocked"; }, seconds(60));
+      EXPECT_TRUE(blocked) << what << ": never blocked";
+      std::printf("%s alarm: status blocked %.1f s after it was raised\n", what,
+                  SecondsBetween(raised, Clock::now()));
+      std::this_thread::sleep_for(seconds(3));
+      EXPECT_EQ(f->snapshot().path_changes, changes) << what << ": blocked is no broken path";
+      const Clock::time_point cleared = Clock::now();
+      EXPECT_EQ(broker.Ctl(clear, &out), 0) << out;
+      WaitFor([&] { return f->snapshot().state == "connected"; }, seconds(60));
+      std::printf("%s alarm: status connected again %.2f s after the clearing command began\n",
+                  what, SecondsBetween(cleared, Clock::now()));
+      return cleared;
+    };
+    alarm("memory", {"set_vm_memory_high_watermark", "absolute", "1"},
+          {"set_vm_memory_high_watermark", "0.4"});
+    return alarm("disk", {"set_disk_free_limit", "1000000GB"}, {"set_disk_free_limit", "1MB"});
+  });
+}
+
 }  // namespace
 }  // namespace postspool::daemon
