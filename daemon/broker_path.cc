@@ -20,6 +20,7 @@ void BrokerPath::OnAck(Clock::time_point now) {
   last_response_ = now;
   steps_ = 0;
   next_step_at_ = Clock::time_point{};
+  last_fault_ = Fault::kNone;
 }
 
 void BrokerPath::OnNack(Clock::time_point now) {
@@ -46,6 +47,12 @@ BrokerPath::Verdict BrokerPath::Check(Clock::time_point now, bool posts_wait) {
   }
   if (wait_since_ == Clock::time_point{}) wait_since_ = now;
   v.fault = fault(now, posts_wait);
+  // A fault of the other kind is not held by the last one's wait (the steps
+  // go on: faults that alternate still move through the brokers).
+  if (v.fault != Fault::kNone && v.fault != last_fault_ && last_fault_ != Fault::kNone) {
+    next_step_at_ = Clock::time_point{};
+  }
+  if (v.fault != Fault::kNone) last_fault_ = v.fault;
   if (v.fault == Fault::kNone || now < next_step_at_) return v;
   v.fault_for = std::chrono::duration_cast<milliseconds>(
       now - (v.fault == Fault::kRefused ? first_nack_ : std::max(last_response_, wait_since_)));

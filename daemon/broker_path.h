@@ -19,7 +19,12 @@
 // broker; each later one moves to the next broker of post_broker. After
 // step n the next step waits at least min(wait_max_ms, refused_ms * 2^n) and
 // for the fault to be seen again on the new connection. An ack resets the
-// steps. (A new channel on the same connection would do for the nack case,
+// steps. A fault of the other kind is not held by the last step's wait
+// (the steps go on, so faults that alternate still move through the
+// brokers): a cluster that was silent (a frozen node holding a quorum
+// queue's leader) and then elects a new leader may refuse on the connection
+// it has, and waiting out the silent steps' doubled wait would only delay
+// delivery. (A new channel on the same connection would do for the nack case,
 // but rabbitmq-c's blocking RPCs would have to run while the old channel's
 // confirms still arrive; a connection is cheap for one publisher per node.)
 //
@@ -79,6 +84,7 @@ class BrokerPath {
   Clock::time_point wait_since_{};     // posts wait since; {} if none wait
   Clock::time_point next_step_at_{};
   uint32_t steps_ = 0;  // since the last ack
+  Fault last_fault_ = Fault::kNone;
 };
 
 const char* FaultName(BrokerPath::Fault fault);

@@ -703,6 +703,10 @@ Status Forwarder::PublishNew(const JournalReader::Entry& entry, bool* published)
   if (Status s = session_->Publish(exchange_, encoded_.routing_key, encoded_.body,
                                    View(message_id), config_.publish_mandatory);
       !s.ok()) {
+    // It is not in the window, and the window (not a seek to the
+    // watermark) is what a reconnect publishes again: the reader must read
+    // this record again on the next connection.
+    reader_.Seek(entry.position);
     return s;
   }
   window_->OnPublished(entry.position, entry.next, id);

@@ -509,6 +509,26 @@ TEST(BrokerPathTest, AnAckEndsARefusalAndStartsTheStepsOver) {
       << "after an ack the first step is a reconnect again, not held";
 }
 
+TEST(BrokerPathTest, AFaultOfTheOtherKindIsNotHeldByTheLastStepsWait) {
+  BrokerPath p(PathOptions());
+  Clock::time_point t = kT0;
+  // Silent twice: a reconnect, then the next broker, held 2 s.
+  for (int i = 0; i < 2; ++i) {
+    p.OnConnected(t);
+    EXPECT_EQ(p.Check(t, true).step, BrokerPath::Step::kNone);
+    t += milliseconds(5000);
+    EXPECT_NE(p.Check(t, true).step, BrokerPath::Step::kNone);
+  }
+  // The new connection refuses at once: after 1 s, not held by the silent
+  // step's 2 s; the steps go on to the next broker.
+  p.OnConnected(t);
+  p.OnNack(t);
+  const auto v = p.Check(t + milliseconds(1000), true);
+  EXPECT_EQ(v.step, BrokerPath::Step::kNextBroker);
+  EXPECT_EQ(v.fault, BrokerPath::Fault::kRefused);
+  EXPECT_EQ(v.hold, milliseconds(4000));
+}
+
 TEST(BrokerPathTest, SilenceWhilePostsWaitReconnectsButIdleIsNoFault) {
   BrokerPath p(PathOptions());
   p.OnConnected(kT0);

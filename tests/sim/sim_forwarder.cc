@@ -323,7 +323,11 @@ bool SimForwarder::PublishNew(const daemon::JournalReader::Entry& entry, Clock::
     return true;
   }
   if (on_publish_) on_publish_(post);
-  if (!broker_->Publish(id, entry.position, now)) return false;
+  if (!broker_->Publish(id, entry.position, now)) {
+    // Not in the window: the reader reads it again on the next connection.
+    reader_.Seek(entry.position);
+    return false;
+  }
   window_->OnPublished(entry.position, entry.next, id);
   *published = true;
   return true;
