@@ -145,6 +145,9 @@ Status ParseConfig(const std::string& text, const std::string& origin, Config* c
       {"reconnect_delay_max_ms", [&](auto v) { return ParseU32(v, &c->reconnect_delay_max_ms) && c->reconnect_delay_max_ms > 0; }},
       {"republish_delay_initial_ms", [&](auto v) { return ParseU32(v, &c->republish_delay_initial_ms) && c->republish_delay_initial_ms > 0; }},
       {"republish_delay_max_ms", [&](auto v) { return ParseU32(v, &c->republish_delay_max_ms) && c->republish_delay_max_ms > 0; }},
+      {"path_refused_ms", [&](auto v) { return ParseU32(v, &c->path_refused_ms) && c->path_refused_ms > 0; }},
+      {"path_silent_ms", [&](auto v) { return ParseU32(v, &c->path_silent_ms) && c->path_silent_ms > 0; }},
+      {"path_wait_max_ms", [&](auto v) { return ParseU32(v, &c->path_wait_max_ms) && c->path_wait_max_ms > 0; }},
       {"checkpoint_interval_ms", [&](auto v) { return ParseU32(v, &c->checkpoint_interval_ms) && c->checkpoint_interval_ms > 0; }},
       {"tls_ca_file", [&](auto v) { c->tls_ca_file = v; return true; }},
       {"tls_cert_file", [&](auto v) { c->tls_cert_file = v; return true; }},
@@ -316,6 +319,9 @@ Status CheckConfig(const Config& c) {
        {std::pair{"spool_rescan_interval_ms", c.spool_rescan_interval_ms},
         std::pair{"connect_timeout_ms", c.connect_timeout_ms},
         std::pair{"checkpoint_interval_ms", c.checkpoint_interval_ms},
+        std::pair{"path_refused_ms", c.path_refused_ms},
+        std::pair{"path_silent_ms", c.path_silent_ms},
+        std::pair{"path_wait_max_ms", c.path_wait_max_ms},
         std::pair{"metrics_interval_ms", c.metrics_interval_ms}}) {
     if (value == 0) return invalid(std::string(key) + " is 0");
   }

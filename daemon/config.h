@@ -92,6 +92,13 @@ struct Config {
   // unroutable_policy = retry) is published again; exponential, full jitter.
   uint32_t republish_delay_initial_ms = 100;
   uint32_t republish_delay_max_ms = 30000;
+  // A connection that refuses every post (nacks, no ack) for path_refused_ms,
+  // or confirms nothing for path_silent_ms while posts wait, is a broken
+  // path: the forwarder reconnects, then moves to the next broker, the waits
+  // between steps doubling up to path_wait_max_ms (broker_path.h).
+  uint32_t path_refused_ms = 1000;
+  uint32_t path_silent_ms = 5000;
+  uint32_t path_wait_max_ms = 30000;
   uint32_t checkpoint_interval_ms = 200;
   std::string tls_ca_file;  // empty: the system's CA store
   std::string tls_cert_file;

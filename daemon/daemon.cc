@@ -629,17 +629,23 @@ json Daemon::StatusReply() const {
   std::vector<std::string> unhealthy;
   if (stopping) unhealthy.push_back("the daemon is stopping");
   if (f.state != "connected") unhealthy.push_back("the broker connection is " + f.state);
-  // Posts in flight and no confirm for a while: a broker that froze, or a
-  // network that black-holes, before the heartbeat notices.
+  // Posts in flight or waiting to be published again, and no confirm for a
+  // while: a broker that froze or refuses everything, or a network that
+  // black-holes, before the heartbeat notices.
   if (f.confirm_wait_ms >= static_cast<int64_t>(config_.health_confirm_stall_ms)) {
     unhealthy.push_back("the broker confirmed nothing for " +
                         std::to_string(f.confirm_wait_ms / 1000) + " s with " +
-                        std::to_string(f.in_flight) + " posts in flight");
+                        std::to_string(f.in_flight) + " posts in flight and " +
+                        std::to_string(f.waiting) + " waiting to be published again" +
+                        (f.path_fault.empty() ? "" : " (path " + f.path_fault + ")"));
   }
 
   json broker = {{"url", f.broker}, {"state", f.state},
                  {"connect_failures_in_row", f.connect_failures_in_row},
-                 {"reconnect_delay_ms", f.reconnect_delay_ms}};
+                 {"reconnect_delay_ms", f.reconnect_delay_ms},
+                 {"path_fault", f.path_fault},
+                 {"path_changes", f.path_changes}};
+  if (!f.last_path_change.empty()) broker["last_path_change"] = f.last_path_change;
   if (f.state == "waiting") broker["next_attempt_in_ms"] = f.next_attempt_in_ms;
   if (!f.last_error.empty()) {
     broker["last_error"] = f.last_error;
@@ -659,6 +665,7 @@ json Daemon::StatusReply() const {
                   {"bytes", backlog_bytes},
                   {"journal_bytes", usage_.bytes.load(std::memory_order_relaxed)},
                   {"in_flight", f.in_flight},
+                  {"waiting", f.waiting},
                   {"confirm_wait_s", static_cast<double>(f.confirm_wait_ms) / 1000.0},
                   {"watermark", Position(watermark)},
                   {"committed", Position(committed)}};

@@ -41,6 +41,8 @@ constexpr int kCountBatch = 4096;
 constexpr auto kPeekInterval = milliseconds(500);
 // A connect failure that repeats the last one is logged at most this often.
 constexpr auto kConnectErrorLogInterval = std::chrono::seconds(60);
+// While posts wait for the broker, the path is judged at least this often.
+constexpr auto kPathCheckInterval = milliseconds(200);
 // How long shutdown spends counting what is left unconfirmed.
 constexpr auto kStopCountBudget = milliseconds(1000);
 
@@ -96,7 +98,9 @@ Forwarder::Forwarder(const Config& config, int journal_dirfd, CommitChannel* com
       reader_(journal_dirfd),
       count_reader_(journal_dirfd),
       retry_reader_(journal_dirfd),
-      connect_backoff_(config.reconnect_delay_initial_ms, config.reconnect_delay_max_ms, seed_) {
+      connect_backoff_(config.reconnect_delay_initial_ms, config.reconnect_delay_max_ms, seed_),
+      path_(BrokerPath::Options{config.path_refused_ms, config.path_silent_ms,
+                                config.path_wait_max_ms}) {
   for (const std::string& url : config_.post_broker) {
     BrokerUrl b;
     if (Status s = ParseBrokerUrl(url, &b); !s.ok()) {
@@ -310,12 +314,32 @@ void Forwarder::Run() {
     } else {
       busy = Pump(now);
     }
+    if (session_ && !blocked_) {
+      const Clock::time_point t = Clock::now();
+      const BrokerPath::Verdict v =
+          path_.Check(t, window_->in_flight() + window_->waiting() > 0);
+      if (v.step != BrokerPath::Step::kNone) {
+        const std::string why =
+            v.fault == BrokerPath::Fault::kRefused
+                ? "refused every post (basic.nack) for " + FormatSeconds(v.fault_for)
+                : "confirmed nothing for " + FormatSeconds(v.fault_for) + " while " +
+                      std::to_string(window_->in_flight() + window_->waiting()) +
+                      " posts wait";
+        ChangePath(why + " (next step no sooner than in " + FormatSeconds(v.hold) + ")",
+                   v.step == BrokerPath::Step::kNextBroker, t);
+        busy = true;
+      }
+    }
     MaybeCheckpoint(Clock::now(), false);
-    if (reconnect_requested_.exchange(false) && !session_) {
-      PS_LOG_INFO("forwarder: reconnect requested through the control socket; connecting to %s "
-                  "now", brokers_[broker_index_].display.c_str());
-      connect_backoff_.Reset();
-      reconnect_at_ = Clock::time_point{};
+    if (reconnect_requested_.exchange(false)) {
+      if (session_) {
+        ChangePath("reconnect requested through the control socket", false, Clock::now());
+      } else {
+        PS_LOG_INFO("forwarder: reconnect requested through the control socket; connecting to "
+                    "%s now", brokers_[broker_index_].display.c_str());
+        connect_backoff_.Reset();
+        reconnect_at_ = Clock::time_point{};
+      }
       busy = true;
     }
     const bool counting = CountBacklog();
@@ -427,15 +451,15 @@ void Forwarder::Connect(Clock::time_point now) {
   last_connect_error_.clear();
   connect_errors_unlogged_ = 0;
   SetConnectionState("connected", nullptr);
-  // Everything after the watermark is published (again): the window was
-  // reset when the last connection ended.
-  assert(window_->size() == 0 && window_->in_flight() == 0);
-  reader_.Seek(window_->watermark());
+  path_.OnConnected(now);
+  // The window kept what earlier channels confirmed: the posts not
+  // confirmed are due at once, and the reader goes on where it was.
+  assert(window_->in_flight() == 0);
   idle_at_limit_ = JournalPosition{};
-  PS_LOG_INFO("forwarder: connected to %s (exchange '%s', heartbeat %d s); publishing from "
-              "journal position %s",
+  PS_LOG_INFO("forwarder: connected to %s (exchange '%s', heartbeat %d s); publishing again "
+              "%zu unconfirmed posts after journal position %s, then new ones",
               url.display.c_str(), exchange_.c_str(), session_->heartbeat_s(),
-              FormatPosition(window_->watermark()).c_str());
+              window_->waiting(), FormatPosition(window_->watermark()).c_str());
 }
 
 void Forwarder::ScheduleReconnect(Clock::time_point now) {
@@ -457,7 +481,6 @@ void Forwarder::CloseSession(bool polite) {
 
 void Forwarder::LoseConnection(const Status& why, Clock::time_point now) {
   const std::string lost = brokers_[broker_index_].display;
-  const size_t unconfirmed = window_->size();
   metrics_->broker_connection_lost_total.fetch_add(1, std::memory_order_relaxed);
   metrics_->broker_connected.store(0, std::memory_order_relaxed);
   metrics_->publish_in_flight.store(0, std::memory_order_relaxed);
@@ -465,7 +488,7 @@ void Forwarder::LoseConnection(const Status& why, Clock::time_point now) {
   if (confirms_this_connection_ > 0 || now - connected_at_ >= kStableConnection) {
     connect_backoff_.Reset();
   }
-  window_->Reset();
+  const size_t unconfirmed = window_->Reset(now);
   idle_at_limit_ = JournalPosition{};
   blocked_ = false;
   ScheduleReconnect(now);
@@ -476,6 +499,27 @@ void Forwarder::LoseConnection(const Status& why, Clock::time_point now) {
                  "published again; connecting to %s in %s",
                  lost.c_str(), why.message().c_str(), unconfirmed,
                  brokers_[broker_index_].display.c_str(), FormatSeconds(delay).c_str());
+}
+
+void Forwarder::ChangePath(const std::string& why, bool next_broker, Clock::time_point now) {
+  const std::string from = brokers_[broker_index_].display;
+  metrics_->broker_path_changes_total.fetch_add(1, std::memory_order_relaxed);
+  metrics_->broker_connected.store(0, std::memory_order_relaxed);
+  metrics_->publish_in_flight.store(0, std::memory_order_relaxed);
+  CloseSession(/*polite=*/false);
+  const size_t unconfirmed = window_->Reset(now);
+  idle_at_limit_ = JournalPosition{};
+  blocked_ = false;
+  if (next_broker) broker_index_ = (broker_index_ + 1) % brokers_.size();
+  reconnect_at_ = now;
+  ++path_changes_;
+  const std::string error = from + ": " + why;
+  last_path_change_ = error;
+  SetConnectionState("connecting", &error);
+  PS_LOG_WARNING("forwarder: broker %s %s; dropping the connection and connecting to %s now "
+                 "(%zu unconfirmed posts will be published again; path change %" PRIu64 ")",
+                 from.c_str(), why.c_str(), brokers_[broker_index_].display.c_str(), unconfirmed,
+                 path_changes_);
 }
 
 bool Forwarder::Pump(Clock::time_point now) {
@@ -659,6 +703,10 @@ Status Forwarder::PublishNew(const JournalReader::Entry& entry, bool* published)
   if (Status s = session_->Publish(exchange_, encoded_.routing_key, encoded_.body,
                                    View(message_id), config_.publish_mandatory);
       !s.ok()) {
+    // It is not in the window, and the window (not a seek to the
+    // watermark) is what a reconnect publishes again: the reader must read
+    // this record again on the next connection.
+    reader_.Seek(entry.position);
     return s;
   }
   window_->OnPublished(entry.position, entry.next, id);
@@ -819,6 +867,8 @@ void Forwarder::Wait(Clock::time_point now, bool busy) {
       // A post due again needs a free tag; without one, the ack that frees
       // it wakes the poll.
       if (window_->CanRepublish()) earlier(window_->next_retry_at());
+      // Posts wait: look at the path again soon (broker_path.h).
+      if (window_->in_flight() + window_->waiting() > 0) earlier(now + kPathCheckInterval);
       // New commits matter only when there is room to publish them.
       if (window_->CanPublishNew()) fds[n++] = pollfd{commits_->event_fd(), POLLIN, 0};
     }
@@ -845,6 +895,7 @@ void Forwarder::OnAck(uint64_t delivery_tag, bool multiple) {
   Add(metrics_->unroutable_dropped_total, r.dropped);
   confirms_this_connection_ += r.confirmed;
   if (r.confirmed > 0 || r.dropped > 0) last_progress_ = Clock::now();
+  if (r.confirmed > 0 || r.dropped > 0 || r.retried > 0) path_.OnAck(Clock::now());
   if (r.dropped > 0) {
     // Logged here, when they are dropped (at their ack), with exact counts.
     drops_unlogged_ += r.dropped;
@@ -872,11 +923,17 @@ void Forwarder::OnNack(uint64_t delivery_tag, bool multiple) {
   const Clock::time_point now = Clock::now();
   const PublishWindow::ConfirmResult r = window_->OnNack(delivery_tag, multiple, now);
   Add(metrics_->nacked_total, r.nacked);
+  if (r.nacked > 0) path_.OnNack(now);
   nacks_unlogged_ += r.nacked;
   if (nacks_unlogged_ > 0 && now >= next_nack_log_) {
+    // RabbitMQ nacks when a queue could not take the message: a full queue
+    // with overflow reject-publish, a quorum queue without a leader (a node
+    // lost; in 3.10 also a channel that began publishing during the leader
+    // election), or an internal error.
     PS_LOG_WARNING("forwarder: broker %s refused %" PRIu64
-                   " posts (basic.nack: a queue is full or the broker is short of resources); "
-                   "publishing them again in up to %s",
+                   " posts (basic.nack: a queue could not take them, e.g. a quorum queue "
+                   "without a leader or a full queue that rejects publishes); publishing them "
+                   "again in up to %s, at once when the broker acks again",
                    brokers_[broker_index_].display.c_str(), nacks_unlogged_,
                    FormatSeconds(r.delay_max).c_str());
     nacks_unlogged_ = 0;
@@ -917,6 +974,7 @@ void Forwarder::OnReturn(std::string_view message_id, int reply_code,
 void Forwarder::OnBlocked(std::string_view reason) {
   if (blocked_) return;
   blocked_ = true;
+  path_.OnBlocked();
   metrics_->broker_blocked_total.fetch_add(1, std::memory_order_relaxed);
   SetConnectionState("blocked", nullptr);
   PS_LOG_WARNING("forwarder: broker %s blocked publishing (%.*s); waiting until it unblocks "
@@ -928,6 +986,7 @@ void Forwarder::OnBlocked(std::string_view reason) {
 void Forwarder::OnUnblocked() {
   if (!blocked_) return;
   blocked_ = false;
+  path_.OnConnected(Clock::now());
   SetConnectionState("connected", nullptr);
   PS_LOG_INFO("forwarder: broker %s unblocked publishing; resuming",
               brokers_[broker_index_].display.c_str());
@@ -1009,7 +1068,15 @@ void Forwarder::UpdateSnapshot() {
   const bool empty = window_ && window_->watermark() >= commits_->committed();
   s.oldest_unconfirmed_pub_unix_ns = empty ? 0 : oldest_pub_ns_;
   s.in_flight = window_ ? window_->in_flight() : 0;
-  if (s.in_flight == 0) {
+  s.waiting = window_ ? window_->waiting() : 0;
+  if (session_ && !blocked_) {
+    const BrokerPath::Fault fault = path_.fault(Clock::now(), s.in_flight + s.waiting > 0);
+    if (fault != BrokerPath::Fault::kNone) s.path_fault = FaultName(fault);
+  }
+  s.path_changes = path_changes_;
+  s.last_path_change = last_path_change_;
+  // Waiting posts count: a refusal that never ends is a stall too.
+  if (s.in_flight + s.waiting == 0) {
     last_progress_ = Clock::time_point{};
   } else {
     // The first look with posts in flight starts the clock.

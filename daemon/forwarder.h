@@ -50,7 +50,13 @@
 // and what happens next. A nacked post (and an unroutable one under the
 // retry policy) waits per post, with exponential backoff and full jitter
 // over republish_delay_initial_ms .. republish_delay_max_ms, before it is
-// published again.
+// published again; the first ack after nacks ends those waits (the broker
+// takes posts again). A connection that is up but refuses every post, or
+// confirms nothing while posts wait, is a broken path (broker_path.h): the
+// forwarder reconnects, then moves on to the next broker, with doubling
+// waits, logs each step and counts it (broker_path_changes_total). A lost
+// or dropped connection publishes again only the posts not confirmed
+// (publish_window.h, Reset).
 //
 // Bounded: at most publish_window_max posts in flight and as many entries
 // in the window; the backlog stays on disk.
@@ -96,6 +102,7 @@
 #include "amqp_session.h"
 #include "amqp_url.h"
 #include "backoff.h"
+#include "broker_path.h"
 #include "config.h"
 #include "flatbuffers/flatbuffers.h"
 #include "journal.h"
@@ -150,9 +157,15 @@ class Forwarder final : private AmqpSession::Handler {
     bool backlog_posts_exact = false;  // false: still counting, a lower bound
     int64_t oldest_unconfirmed_pub_unix_ns = 0;  // 0: no backlog (or not read yet)
     uint64_t in_flight = 0;
-    // With posts in flight: how long since the broker last confirmed
-    // anything (or since they were published, if later); 0 with none.
+    uint64_t waiting = 0;  // refused (or returned) posts waiting to be published again
+    // With posts in flight or waiting: how long since the broker last
+    // confirmed anything (or since they were published, if later); 0 with none.
     int64_t confirm_wait_ms = 0;
+    // The broken path seen now ("refused", "silent"; empty if none), the
+    // steps taken for broken paths since start, and the last one in words.
+    std::string path_fault;
+    uint64_t path_changes = 0;
+    std::string last_path_change;
     int64_t last_unroutable_drop_unix_ms = 0;
   };
   Snapshot snapshot() const;
@@ -160,8 +173,9 @@ class Forwarder final : private AmqpSession::Handler {
   // holds the lock right now. For the ingest thread, which never waits.
   bool TrySnapshot(Snapshot* out) const;
 
-  // Ends the back-off wait: the next connect is tried at once (no effect
-  // while connected). Thread-safe.
+  // Ends the back-off wait: the next connect is tried at once; while
+  // connected, the connection is dropped and made again to the same broker
+  // (unconfirmed posts are published again). Thread-safe.
   void RequestReconnect();
 
   // After StopAndDrain: the journaled posts still unconfirmed (counted from
@@ -186,6 +200,9 @@ class Forwarder final : private AmqpSession::Handler {
   // Connection.
   void Connect(Clock::time_point now);
   void LoseConnection(const Status& why, Clock::time_point now);
+  // Drops a connection that is up and connects at once, to the next broker
+  // if `next_broker`; `why` is logged and shown in the status.
+  void ChangePath(const std::string& why, bool next_broker, Clock::time_point now);
   void CloseSession(bool polite);
   void ScheduleReconnect(Clock::time_point now);
   std::string ExchangeFor(const BrokerUrl& url) const;
@@ -289,6 +306,9 @@ class Forwarder final : private AmqpSession::Handler {
   JournalReader retry_reader_;  // re-reads records to publish them again
   std::unique_ptr<PublishWindow> window_;
   Backoff connect_backoff_;
+  BrokerPath path_;
+  uint64_t path_changes_ = 0;
+  std::string last_path_change_;
   std::unique_ptr<AmqpSession> session_;
   size_t broker_index_ = 0;
   std::string exchange_;

@@ -35,14 +35,14 @@ std::string Metrics::RenderPrometheus() const {
   PS_COUNTER(socket_posts_journaled_total, "Posts received over the socket and journaled.");
   PS_COUNTER(posts_fields_dropped_total, "Posts journaled with fields dropped.");
   PS_COUNTER(ring_requests_total, "Processes that asked for their uid's ring.");
-  PS_COUNTER(ring_requests_refused_total, "Ring requests refused (rings off, ring_uids_max reached, the ring file failed).");
+  PS_COUNTER(ring_requests_refused_total, "Ring requests refused (rings off, ring_uids_max reached, the segment could not be made).");
   PS_COUNTER(ring_posts_journaled_total, "Posts received through the shared-memory ring and journaled.");
   PS_COUNTER(ring_posts_deduplicated_total, "Ring posts already journaled, dropped.");
   PS_COUNTER(ring_posts_invalid_total, "Ring posts that fail validation, dropped.");
   PS_COUNTER(ring_lanes_damaged_total, "Ring lanes whose bytes are not records, reset.");
   PS_COUNTER(ring_lanes_reclaimed_total, "Ring lanes of exited or closed processes, drained and freed.");
   PS_COUNTER(ring_wakeups_total, "Times a producer's doorbell woke the sleeping ingest loop.");
-  PS_GAUGE(rings, "Ring files open.");
+  PS_GAUGE(rings, "Rings attached (including rings their users removed, read until the daemon stops).");
   PS_COUNTER(spool_segments_adopted_total, "Spool segments read to their end and journaled.");
   PS_COUNTER(spool_posts_journaled_total, "Posts adopted from the spool directory and journaled.");
   PS_COUNTER(spool_posts_deduplicated_total, "Spooled copies of posts already journaled, dropped.");
@@ -71,6 +71,7 @@ std::string Metrics::RenderPrometheus() const {
   PS_COUNTER(broker_connect_failures_total, "Broker connection attempts that failed.");
   PS_COUNTER(broker_connection_lost_total, "Broker connections lost.");
   PS_COUNTER(broker_blocked_total, "Times the broker blocked publishing (connection.blocked).");
+  PS_COUNTER(broker_path_changes_total, "Connections dropped for a broken broker path (refused or silent) or by postspool reconnect.");
   PS_GAUGE(broker_connected, "1 while connected to a broker, else 0.");
   PS_GAUGE(publish_in_flight, "Posts published and not yet confirmed.");
   PS_GAUGE(backlog_posts, "Journaled posts not yet confirmed by the broker nor dropped.");

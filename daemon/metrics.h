@@ -68,6 +68,7 @@ struct Metrics {
   Counter broker_connect_failures_total{0};
   Counter broker_connection_lost_total{0};
   Counter broker_blocked_total{0};
+  Counter broker_path_changes_total{0};  // reconnects for a broken path (broker_path.h)
   std::atomic<uint64_t> broker_connected{0};  // gauge, 0/1
   std::atomic<uint64_t> publish_in_flight{0}; // gauge
   // Backlog (gauges, from the forwarder's count): journaled posts not yet

@@ -44,13 +44,13 @@ uint64_t PublishWindow::AssignTag(uint64_t handle) {
 uint64_t PublishWindow::OnPublished(JournalPosition position, JournalPosition next, PostId id) {
   assert(entries_.empty() ? position >= watermark_ : position >= entries_.back().next);
   assert(CanPublishNew());
-  entries_.push_back(Entry{position, next, id, State::kInFlight, false, 0, 0, {}});
+  entries_.push_back(Entry{position, next, id, State::kInFlight, false, false, 0, 0, {}});
   return AssignTag(base_handle_ + entries_.size() - 1);
 }
 
 void PublishWindow::OnSkipped(JournalPosition position, JournalPosition next) {
   assert(entries_.empty() ? position >= watermark_ : position >= entries_.back().next);
-  entries_.push_back(Entry{position, next, PostId{}, State::kDone, false, 0, 0, {}});
+  entries_.push_back(Entry{position, next, PostId{}, State::kDone, false, false, 0, 0, {}});
   Advance();
 }
 
@@ -105,6 +105,7 @@ void PublishWindow::Confirm(uint64_t tag, bool ack, Clock::time_point now,
   const bool was_returned = e.returned;
   if (was_returned) --returned_;
   e.returned = false;
+  e.nacked = !ack;
   if (!ack) {
     ++result->nacked;
   } else if (!was_returned) {
@@ -150,6 +151,8 @@ PublishWindow::ConfirmResult PublishWindow::ConfirmRange(uint64_t tag, bool mult
     tags_.pop_front();
     ++first_tag_;
   }
+  // The broker takes posts again: those it refused before need not wait.
+  if (result.confirmed > 0) ReleaseNacked(now);
   Advance();
   return result;
 }
@@ -180,15 +183,35 @@ bool PublishWindow::OnReturn(PostId id) {
   return true;
 }
 
-JournalPosition PublishWindow::Reset() {
-  base_handle_ += entries_.size();
-  entries_.clear();
+size_t PublishWindow::Reset(Clock::time_point now) {
+  size_t again = 0;
+  for (Entry& e : entries_) {
+    if (e.state == State::kDone) continue;
+    // The old channel's acks will never come: publish it again at once.
+    e.state = State::kWaiting;
+    e.returned = false;
+    e.nacked = false;
+    e.retries = 0;
+    e.tag = 0;
+    e.retry_at = now;
+    ++again;
+  }
   tags_.clear();
   first_tag_ = 1;
   in_flight_ = 0;
-  waiting_ = 0;
+  waiting_ = again;
   returned_ = 0;
-  return watermark_;
+  return again;
+}
+
+void PublishWindow::ReleaseNacked(Clock::time_point now) {
+  if (waiting_ == 0) return;
+  for (Entry& e : entries_) {
+    if (e.state == State::kWaiting && e.nacked && e.retry_at > now) {
+      e.retry_at = now;
+      e.retries = 0;
+    }
+  }
 }
 
 void PublishWindow::Advance() {

@@ -22,7 +22,14 @@
 // post, with exponential backoff and full jitter: its n-th wait in a row is
 // uniform in [0, min(retry_delay_max_ms, retry_delay_initial_ms * 2^(n-1))].
 // So a broker that keeps refusing (a full queue, a missing binding) sees
-// each post at most once per retry_delay_max_ms, not a busy loop.
+// each post at most once per retry_delay_max_ms, not a busy loop. But a
+// refusal that ends does not leave posts behind their timers: the first ack
+// of a routed post after nacks makes every nacked post waiting due at once
+// (the window is not held by retry timers once the broker takes posts).
+//
+// A lost channel (Reset) keeps what is known: entries already acked stay
+// done and are not published again; only those in flight or waiting are
+// published again, at once, in journal order, on the new channel.
 //
 // Not thread-safe: the forwarder thread's own.
 #pragma once
@@ -111,11 +118,13 @@ class PublishWindow {
   bool OnReturn(PostId id);
 
   // --- Connection ---------------------------------------------------------
-  // The channel is gone: every unconfirmed tag is void. Forgets all entries
-  // (they are read again from the journal, from the watermark, and published
-  // again: duplicates, never loss) and restarts tags at 1. Returns the
-  // watermark, where the reader must seek.
-  JournalPosition Reset();
+  // The channel is gone: every unconfirmed tag is void and tags restart at
+  // 1. Entries the broker acked stay done (never published again); those in
+  // flight or waiting become due at `now` and are published again on the
+  // next channel (duplicates of those only, never loss). The journal reader
+  // goes on where it is (after the last entry). Returns how many entries
+  // will be published again.
+  size_t Reset(Clock::time_point now);
 
   // --- State --------------------------------------------------------------
   JournalPosition watermark() const { return watermark_; }
@@ -142,6 +151,7 @@ class PublishWindow {
     PostId id;
     State state = State::kInFlight;
     bool returned = false;
+    bool nacked = false;   // waiting because of a nack (not a return)
     uint32_t retries = 0;  // waits so far
     uint64_t tag = 0;
     Clock::time_point retry_at;
@@ -155,6 +165,8 @@ class PublishWindow {
   ConfirmResult ConfirmRange(uint64_t tag, bool multiple, bool ack, Clock::time_point now);
   // Pops the done prefix, moving the watermark.
   void Advance();
+  // Makes every entry waiting after a nack due at `now`.
+  void ReleaseNacked(Clock::time_point now);
 
   const Options options_;
   std::mt19937_64 rng_;

@@ -39,9 +39,11 @@ run build
 
 setup build-san -Dwerror=true -Db_sanitize=address,undefined -Db_lundef=false -Dbench=false
 # The packaging suite builds and installs the packages: once, in build/, is enough.
-# The interop suite checks the wire format against the real sr3 subscriber, not
-# memory safety, and the sanitizers add nothing to it but time: build/ only.
-run build-san --no-suite packaging --no-suite interop
+# The interop suite checks the wire format against the real sr3 subscriber, and
+# the cluster suite (three RabbitMQ nodes, minutes of faults) the broker
+# protocol, not memory safety: the sanitizers add nothing to them but time,
+# so they run in build/ only.
+run build-san --no-suite packaging --no-suite interop --no-suite cluster
 
 CC=clang-14 CXX=clang++-14 setup build-fuzz -Dwerror=true -Dfuzz=true -Dfuzz_seconds="$fuzz_seconds" \
   -Db_sanitize=address,undefined -Db_lundef=false -Dbench=false

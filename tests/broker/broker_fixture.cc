@@ -128,12 +128,21 @@ bool Exited(pid_t pid) {
   ::dup2(null_fd, 0);
   ::dup2(log_fd, 1);
   ::dup2(log_fd, 2);
+  // Keep only the own control pipe: a supervisor forked while other brokers
+  // of the test binary run (a cluster's nodes) would otherwise hold their
+  // pipes open, and they would never see the end of file that stops them.
+  if (control_fd != 3) {
+    ::dup2(control_fd, 3);
+    control_fd = 3;
+  }
+  ::close_range(4, ~0U, 0);
   // Should the supervisor itself be killed (kill -9 of the whole test
   // binary's process tree), its children learn it from the kernel: epmd
   // dies, the broker's script stops the broker.
   const pid_t self = ::getpid();
-  // Private epmd, listening before the node starts.
-  const pid_t epmd = ::fork();
+  // Private epmd, listening before the node starts (none when the caller
+  // runs one for several nodes: epmd_argv is null).
+  const pid_t epmd = epmd_argv == nullptr ? -1 : ::fork();
   if (epmd == 0) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != self) ::_exit(1);
@@ -277,16 +286,18 @@ bool BrokerProcess::Installed(std::string* why) {
   return true;
 }
 
-BrokerProcess::BrokerProcess() {
+BrokerProcess::BrokerProcess(const Options& options) {
   const char* base = std::getenv("TMPDIR");
   std::string tmpl = std::string(base && *base ? base : "/tmp") + "/postspool-rabbitmq-XXXXXX";
   if (::mkdtemp(tmpl.data()) != nullptr) dir_ = tmpl;
+  home_ = options.home.empty() ? dir_ : options.home;
+  own_epmd_ = options.epmd_port == 0;
   std::mt19937 rng(std::random_device{}());
   amqp_port_ = PickPort(&rng);
   dist_port_ = PickPort(&rng, amqp_port_);
-  epmd_port_ = PickPort(&rng, amqp_port_, dist_port_);
+  epmd_port_ = own_epmd_ ? PickPort(&rng, amqp_port_, dist_port_) : options.epmd_port;
   std::string tls_config;
-  if (MakeCertificates()) {
+  if (options.tls && MakeCertificates()) {
     do {
       amqps_port_ = PickPort(&rng, amqp_port_, dist_port_);
     } while (amqps_port_ != 0 && amqps_port_ == epmd_port_);
@@ -298,7 +309,9 @@ BrokerProcess::BrokerProcess() {
                  "ssl_options.verify = verify_none\n"
                  "ssl_options.fail_if_no_peer_cert = false\n";
   }
-  node_name_ = "postspool-test-" + std::to_string(::getpid()) + "@localhost";
+  node_name_ = options.node_name.empty()
+                   ? "postspool-test-" + std::to_string(::getpid()) + "@localhost"
+                   : options.node_name;
   ::mkdir((dir_ + "/mnesia").c_str(), 0700);
   ::mkdir((dir_ + "/log").c_str(), 0700);
   WriteFile(dir_ + "/enabled_plugins", "[].\n");
@@ -308,7 +321,7 @@ BrokerProcess::BrokerProcess() {
             "# A test machine's disk may be nearly full; do not block publishers for it.\n"
             "disk_free_limit.absolute = 1MB\n"
             "log.file.level = info\n" +
-                tls_config);
+                tls_config + options.extra_config);
 }
 
 bool BrokerProcess::MakeCertificates() {
@@ -360,7 +373,7 @@ std::vector<std::string> BrokerProcess::Environment() const {
   const char* path = std::getenv("PATH");
   return {
       "PATH=" + std::string(path ? path : "/usr/local/bin:/usr/bin:/bin"),
-      "HOME=" + dir_,  // the Erlang cookie lives here
+      "HOME=" + home_,  // the Erlang cookie lives here
       "LANG=C.UTF-8",
       "LC_ALL=C.UTF-8",
       "RABBITMQ_NODENAME=" + node_name_,
@@ -401,8 +414,8 @@ Status BrokerProcess::Start(int timeout_s) {
   const pid_t pid = ::fork();
   if (pid == 0) {
     ::close(control[1]);
-    Supervise(control[0], log_fd, null_fd, epmd_port_, epmd_argv.get(), server_argv.get(),
-              envp.get());
+    Supervise(control[0], log_fd, null_fd, epmd_port_, own_epmd_ ? epmd_argv.get() : nullptr,
+              server_argv.get(), envp.get());
   }
   ::close(control[0]);
   ::close(log_fd);
@@ -573,8 +586,14 @@ Status AmqpTestClient::DeclareBoundQueue(const std::string& queue, const std::st
 Status AmqpTestClient::DeclareBoundQueue(const std::string& queue, const std::string& exchange,
                                          const QueueOptions& options,
                                          const std::string& binding_key) {
-  amqp_table_entry_t entries[2];
+  amqp_table_entry_t entries[3];
   int n = 0;
+  if (!options.queue_type.empty()) {
+    entries[n].key = amqp_cstring_bytes("x-queue-type");
+    entries[n].value.kind = AMQP_FIELD_KIND_UTF8;
+    entries[n].value.value.bytes = amqp_cstring_bytes(options.queue_type.c_str());
+    ++n;
+  }
   if (options.max_length >= 0) {
     entries[n].key = amqp_cstring_bytes("x-max-length");
     entries[n].value.kind = AMQP_FIELD_KIND_I64;

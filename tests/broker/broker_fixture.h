@@ -56,8 +56,20 @@ class BrokerProcess {
   // missing (the tests are then skipped with that reason).
   static bool Installed(std::string* why);
 
+  // For nodes of a cluster (tests/cluster): the defaults are one broker on
+  // its own.
+  struct Options {
+    std::string node_name;     // empty: postspool-test-<pid>@localhost
+    int epmd_port = 0;         // 0: a private epmd started with the broker; else the
+                               // caller's epmd on this port (shared by the nodes)
+    std::string home;          // HOME, where the Erlang cookie is; empty: dir()
+    std::string extra_config;  // appended to rabbitmq.conf
+    bool tls = true;           // an amqps listener when openssl is installed
+  };
+
   // Creates the temporary directory and chooses the ports; starts nothing.
-  BrokerProcess();
+  BrokerProcess() : BrokerProcess(Options{}) {}
+  explicit BrokerProcess(const Options& options);
   // Stops the broker and removes the temporary directory.
   ~BrokerProcess();
   BrokerProcess(const BrokerProcess&) = delete;
@@ -107,6 +119,8 @@ class BrokerProcess {
   void Command(char c);
 
   std::string dir_;
+  std::string home_;
+  bool own_epmd_ = true;
   std::string node_name_;
   std::string tls_ca_file_;
   std::string other_ca_file_;
@@ -150,6 +164,7 @@ class AmqpTestClient {
   struct QueueOptions {
     int64_t max_length = -1;      // x-max-length, if >= 0
     std::string overflow;         // x-overflow, e.g. "reject-publish", if not empty
+    std::string queue_type;       // x-queue-type, e.g. "quorum", if not empty
   };
   // Declares a durable queue and binds it to `exchange` with `binding_key`.
   Status DeclareBoundQueue(const std::string& queue, const std::string& exchange,

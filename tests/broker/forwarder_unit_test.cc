@@ -15,6 +15,7 @@
 #include "amqp_properties.h"
 #include "amqp_url.h"
 #include "backoff.h"
+#include "broker_path.h"
 #include "publish_window.h"
 #include "test_util.h"
 
@@ -255,21 +256,77 @@ TEST_F(PublishWindowTest, ReaderIdleMovesTheWatermarkOnlyWhenNothingIsPending) {
   EXPECT_EQ(w.watermark(), (JournalPosition{5, 0})) << "never moves back";
 }
 
-TEST_F(PublishWindowTest, ResetForgetsEverythingAndRestartsTagsAtOne) {
+TEST_F(PublishWindowTest, ResetPublishesAgainOnlyWhatWasNotConfirmedWithTagsFromOne) {
   PublishWindow w(Options(10, UnroutablePolicy::kDrop), Pos(0));
   PublishN(&w, 0, 5);
-  w.OnAck(1, false, kT0);
-  w.OnNack(3, false, kT0);
-  EXPECT_EQ(w.Reset(), Next(0));
-  EXPECT_EQ(w.size(), 0u);
+  w.OnAck(1, false, kT0);   // record 0
+  w.OnNack(3, false, kT0);  // record 2 waits
+  w.OnAck(5, false, kT0);   // record 4; records 1 and 3 in flight
+  w.OnAck(4, false, kT0);   // record 3
+  EXPECT_EQ(w.Reset(kT0), 2u) << "records 1 (in flight) and 2 (waiting)";
+  EXPECT_EQ(w.watermark(), Next(0));
   EXPECT_EQ(w.in_flight(), 0u);
-  EXPECT_EQ(w.waiting(), 0u);
+  EXPECT_EQ(w.waiting(), 2u);
   EXPECT_EQ(w.next_tag(), 1u);
-  // Read again from the watermark on the new channel.
-  EXPECT_EQ(w.OnPublished(Pos(1), Next(1), Id(1)), 1u);
+  // Both due at once, in journal order, with new tags from 1.
+  PublishWindow::Due due;
+  ASSERT_TRUE(w.NextDue(kT0, &due));
+  EXPECT_EQ(due.id, Id(1));
+  EXPECT_EQ(w.OnRepublished(due.handle), 1u);
+  ASSERT_TRUE(w.NextDue(kT0, &due));
+  EXPECT_EQ(due.id, Id(2));
+  EXPECT_EQ(w.OnRepublished(due.handle), 2u);
+  EXPECT_FALSE(w.NextDue(kT0, &due)) << "records 3 and 4 were confirmed: not again";
   // A confirm for a tag of the old channel that is not published here.
   EXPECT_EQ(w.OnAck(4, false, kT0).unknown, 1u);
-  EXPECT_EQ(w.watermark(), Next(0));
+  EXPECT_EQ(w.OnAck(2, true, kT0).confirmed, 2u);
+  EXPECT_EQ(w.watermark(), Next(4));
+  EXPECT_EQ(w.size(), 0u);
+}
+
+// Issue 19: a graceful stop of the leader node nacked the oldest post, the
+// broker then acked the other 999 of the window with multiple acks, and the
+// reconnect published all 1,000 again ("1000 unconfirmed posts").
+TEST_F(PublishWindowTest, ReconnectAfterMultipleAcksBehindANackedPostRepublishesOnlyThatPost) {
+  PublishWindow w(Options(1000, UnroutablePolicy::kDrop), Pos(0));
+  PublishN(&w, 0, 1000);
+  EXPECT_EQ(w.OnNack(1, false, kT0).nacked, 1u);
+  EXPECT_EQ(w.OnAck(500, true, kT0).confirmed, 499u);
+  EXPECT_EQ(w.OnAck(1000, true, kT0).confirmed, 500u);
+  EXPECT_EQ(w.size(), 1000u) << "the nacked post holds the watermark";
+  EXPECT_EQ(w.Reset(kT0), 1u);
+  PublishWindow::Due due;
+  ASSERT_TRUE(w.NextDue(kT0, &due));
+  EXPECT_EQ(due.id, Id(0));
+  EXPECT_EQ(w.OnRepublished(due.handle), 1u);
+  EXPECT_FALSE(w.NextDue(kT0 + std::chrono::hours(1), &due));
+  EXPECT_EQ(w.OnAck(1, false, kT0).confirmed, 1u);
+  EXPECT_EQ(w.watermark(), Next(999));
+}
+
+TEST_F(PublishWindowTest, NackedPostsAreDueAtOnceWhenTheBrokerAcksAgain) {
+  PublishWindow::Options o = Options(10, UnroutablePolicy::kRetry);
+  o.retry_delay_initial_ms = 20000;
+  o.retry_delay_max_ms = 30000;
+  PublishWindow w(o, Pos(0));
+  PublishN(&w, 0, 4);
+  const auto n = w.OnNack(2, true, kT0);  // records 0 and 1 wait up to 20 s
+  ASSERT_EQ(n.nacked, 2u);
+  ASSERT_TRUE(w.OnReturn(Id(2)));
+  const auto r = w.OnAck(3, false, kT0);  // record 2: unroutable, waits (retry policy)
+  ASSERT_EQ(r.retried, 1u);
+  const Clock::time_point later = kT0 + milliseconds(1);
+  PublishWindow::Due due;
+  EXPECT_EQ(w.OnAck(4, false, later).confirmed, 1u) << "record 3 acked: the broker takes posts";
+  ASSERT_TRUE(w.NextDue(later, &due));
+  EXPECT_EQ(due.id, Id(0));
+  w.OnRepublished(due.handle);
+  ASSERT_TRUE(w.NextDue(later, &due));
+  EXPECT_EQ(due.id, Id(1));
+  w.OnRepublished(due.handle);
+  if (r.delay_max > milliseconds(1)) {
+    EXPECT_FALSE(w.NextDue(later, &due)) << "an unroutable post keeps its delay";
+  }
 }
 
 TEST_F(PublishWindowTest, ConfirmsOfUnknownTagsAreIgnored) {
@@ -314,11 +371,9 @@ TEST_F(PublishWindowTest, RandomConfirmsAgainstAFakeBrokerNeverPassAnUnconfirmed
     uint64_t checked = 0;  // records before the watermark checked so far
     uint64_t resets = 0, returns = 0, nacks = 0;
     auto reset = [&] {
+      // The reader goes on where it is: the window keeps what is not done.
       unconfirmed.clear();
-      const JournalPosition wm = w.Reset();
-      // Seek: the first record at or after the watermark.
-      next_read = 0;
-      while (next_read < kRecords && Pos(next_read) < wm) ++next_read;
+      w.Reset(now);
     };
     while (w.watermark() < Next(kRecords - 1)) {
       ASSERT_LT(++steps, 2000000) << "no progress";
@@ -328,6 +383,7 @@ TEST_F(PublishWindowTest, RandomConfirmsAgainstAFakeBrokerNeverPassAnUnconfirmed
       while (w.CanRepublish() && w.NextDue(now, &due)) {
         const uint64_t record = due.id.lo;
         ASSERT_EQ(due.position, Pos(record));
+        ASSERT_EQ(done[record], 0) << "record " << record << " published again once done";
         unconfirmed[w.OnRepublished(due.handle)] = Sent{record, false};
       }
       while (w.CanPublishNew() && next_read < kRecords && rng() % 4 != 0) {
@@ -396,6 +452,108 @@ TEST_F(PublishWindowTest, RandomConfirmsAgainstAFakeBrokerNeverPassAnUnconfirmed
                 static_cast<unsigned long long>(resets), static_cast<unsigned long long>(returns),
                 static_cast<unsigned long long>(nacks));
   }
+}
+
+// ---------------------------------------------------------------------------
+
+// The broken-path policy (broker_path.h), with refused 1 s, silent 5 s and
+// waits capped at 4 s.
+BrokerPath::Options PathOptions() { return BrokerPath::Options{1000, 5000, 4000}; }
+
+TEST(BrokerPathTest, RefusalReconnectsThenMovesToTheNextBrokersWithDoublingWaits) {
+  BrokerPath p(PathOptions());
+  Clock::time_point t = kT0;
+  p.OnConnected(t);
+  p.OnNack(t);
+  EXPECT_EQ(p.Check(t + milliseconds(999), true).step, BrokerPath::Step::kNone);
+  auto v = p.Check(t + milliseconds(1000), true);
+  EXPECT_EQ(v.step, BrokerPath::Step::kReconnect);
+  EXPECT_EQ(v.fault, BrokerPath::Fault::kRefused);
+  EXPECT_EQ(v.fault_for, milliseconds(1000));
+  EXPECT_EQ(v.hold, milliseconds(1000));
+  // The new connection refuses too: the next broker, after 1 s.
+  t += milliseconds(1000);
+  p.OnConnected(t);
+  p.OnNack(t);
+  v = p.Check(t + milliseconds(1000), true);
+  EXPECT_EQ(v.step, BrokerPath::Step::kNextBroker);
+  EXPECT_EQ(v.hold, milliseconds(2000));
+  t += milliseconds(1000);
+  p.OnConnected(t);
+  p.OnNack(t);
+  EXPECT_EQ(p.Check(t + milliseconds(1999), true).step, BrokerPath::Step::kNone) << "held";
+  EXPECT_EQ(p.fault(t + milliseconds(1999), true), BrokerPath::Fault::kRefused);
+  v = p.Check(t + milliseconds(2000), true);
+  EXPECT_EQ(v.step, BrokerPath::Step::kNextBroker);
+  EXPECT_EQ(v.hold, milliseconds(4000));
+  t += milliseconds(2000);
+  p.OnConnected(t);
+  p.OnNack(t);
+  v = p.Check(t + milliseconds(4000), true);
+  EXPECT_EQ(v.hold, milliseconds(4000)) << "capped at wait_max_ms";
+  EXPECT_EQ(p.steps(), 4u);
+}
+
+TEST(BrokerPathTest, AnAckEndsARefusalAndStartsTheStepsOver) {
+  BrokerPath p(PathOptions());
+  p.OnConnected(kT0);
+  p.OnNack(kT0);
+  p.OnAck(kT0 + milliseconds(500));
+  EXPECT_EQ(p.Check(kT0 + milliseconds(1500), true).step, BrokerPath::Step::kNone);
+  p.OnNack(kT0 + milliseconds(1600));
+  EXPECT_EQ(p.Check(kT0 + milliseconds(2600), true).step, BrokerPath::Step::kReconnect);
+  p.OnConnected(kT0 + milliseconds(2600));
+  p.OnAck(kT0 + milliseconds(2700));
+  p.OnNack(kT0 + milliseconds(2800));
+  EXPECT_EQ(p.Check(kT0 + milliseconds(3800), true).step, BrokerPath::Step::kReconnect)
+      << "after an ack the first step is a reconnect again, not held";
+}
+
+TEST(BrokerPathTest, AFaultOfTheOtherKindIsNotHeldByTheLastStepsWait) {
+  BrokerPath p(PathOptions());
+  Clock::time_point t = kT0;
+  // Silent twice: a reconnect, then the next broker, held 2 s.
+  for (int i = 0; i < 2; ++i) {
+    p.OnConnected(t);
+    EXPECT_EQ(p.Check(t, true).step, BrokerPath::Step::kNone);
+    t += milliseconds(5000);
+    EXPECT_NE(p.Check(t, true).step, BrokerPath::Step::kNone);
+  }
+  // The new connection refuses at once: after 1 s, not held by the silent
+  // step's 2 s; the steps go on to the next broker.
+  p.OnConnected(t);
+  p.OnNack(t);
+  const auto v = p.Check(t + milliseconds(1000), true);
+  EXPECT_EQ(v.step, BrokerPath::Step::kNextBroker);
+  EXPECT_EQ(v.fault, BrokerPath::Fault::kRefused);
+  EXPECT_EQ(v.hold, milliseconds(4000));
+}
+
+TEST(BrokerPathTest, SilenceWhilePostsWaitReconnectsButIdleIsNoFault) {
+  BrokerPath p(PathOptions());
+  p.OnConnected(kT0);
+  EXPECT_EQ(p.Check(kT0 + std::chrono::seconds(60), false).step, BrokerPath::Step::kNone)
+      << "nothing waits: silence is normal";
+  const Clock::time_point t = kT0 + std::chrono::seconds(61);
+  EXPECT_EQ(p.Check(t, true).step, BrokerPath::Step::kNone);
+  EXPECT_EQ(p.Check(t + milliseconds(4999), true).step, BrokerPath::Step::kNone);
+  const auto v = p.Check(t + milliseconds(5000), true);
+  EXPECT_EQ(v.step, BrokerPath::Step::kReconnect);
+  EXPECT_EQ(v.fault, BrokerPath::Fault::kSilent);
+  EXPECT_EQ(v.fault_for, milliseconds(5000));
+}
+
+TEST(BrokerPathTest, ABlockedConnectionIsNotJudgedUntilItIsUnblocked) {
+  BrokerPath p(PathOptions());
+  p.OnConnected(kT0);
+  p.OnBlocked();
+  p.OnNack(kT0);
+  EXPECT_EQ(p.Check(kT0 + std::chrono::seconds(60), true).step, BrokerPath::Step::kNone);
+  const Clock::time_point t = kT0 + std::chrono::seconds(60);
+  p.OnConnected(t);  // connection.unblocked
+  EXPECT_EQ(p.Check(t, true).step, BrokerPath::Step::kNone);
+  EXPECT_EQ(p.Check(t + milliseconds(4999), true).step, BrokerPath::Step::kNone);
+  EXPECT_EQ(p.Check(t + milliseconds(5000), true).fault, BrokerPath::Fault::kSilent);
 }
 
 // ---------------------------------------------------------------------------

@@ -236,8 +236,9 @@ void SimForwarder::Connect(Clock::time_point now) {
   blocked_ = false;
   connected_at_ = now;
   confirms_this_connection_ = 0;
-  assert(window_->size() == 0 && window_->in_flight() == 0);
-  reader_.Seek(window_->watermark());
+  // The window kept what the last channel confirmed; the reader goes on
+  // where it was (publish_window.h, Reset).
+  assert(window_->in_flight() == 0);
 }
 
 void SimForwarder::ScheduleReconnect(Clock::time_point now) {
@@ -250,7 +251,7 @@ void SimForwarder::LoseConnection(Clock::time_point now) {
   if (confirms_this_connection_ > 0 || now - connected_at_ >= kStableConnection) {
     connect_backoff_.Reset();
   }
-  window_->Reset();
+  window_->Reset(now);
   blocked_ = false;
   ScheduleReconnect(now);
 }
@@ -322,7 +323,11 @@ bool SimForwarder::PublishNew(const daemon::JournalReader::Entry& entry, Clock::
     return true;
   }
   if (on_publish_) on_publish_(post);
-  if (!broker_->Publish(id, entry.position, now)) return false;
+  if (!broker_->Publish(id, entry.position, now)) {
+    // Not in the window: the reader reads it again on the next connection.
+    reader_.Seek(entry.position);
+    return false;
+  }
   window_->OnPublished(entry.position, entry.next, id);
   *published = true;
   return true;
