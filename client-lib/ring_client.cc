@@ -116,12 +116,23 @@ RingClient::Result RingClient::Post(std::span<const std::byte> record, DaemonSoc
   }
   if (map_ == nullptr) {
     if (now < retry_after_) return Result{Outcome::kUnavailable, unavailable_};
-    // Asked for on a connection a post already used: a process that posts
-    // once never pays for the ring, and a daemon that is down costs no
-    // second connect.
-    if (socket->descriptor() < 0) return Result{Outcome::kUnavailable, "ring: not asked for yet"};
+    // Asked for from the second post on (a process that posts once never
+    // pays for the ring), on the first post's connection if it is still
+    // up, else on a new one: a socket post that timed out (a busy daemon)
+    // must not keep a process from its ring. A daemon that is down costs no
+    // second connect (the socket's back-off answers at once).
+    if (socket->descriptor() < 0 && !posted_) {
+      posted_ = true;
+      return Result{Outcome::kUnavailable, "ring: not asked for yet"};
+    }
+    posted_ = true;
+    // At most half of what is left of the socket's share: a post must not
+    // go to the spool because its ring was slow to come.
+    const auto now_attach = Clock::now();
+    const Deadline half = attach_deadline > now_attach ? now_attach + (attach_deadline - now_attach) / 2
+                                                       : attach_deadline;
     std::string reason;
-    if (!Attach(socket, attach_deadline, &reason)) {
+    if (!Attach(socket, half, &reason)) {
       retry_wait_ = std::clamp(retry_wait_ * 2, std::chrono::milliseconds(kRetryFirst), kRetryMax);
       retry_after_ = now + retry_wait_;
       unavailable_ = reason;

@@ -80,6 +80,7 @@ class RingClient {
   uint64_t tail_ = 0;
   Clock::time_point retry_after_{};
   std::chrono::milliseconds retry_wait_{0};
+  bool posted_ = false;  // a post came here before (the ring is asked for from the second)
   Clock::time_point next_check_{};
   std::string unavailable_;
 };

@@ -5,7 +5,7 @@
 // (posts journaled per second), not publishing. Not a test: it prints a
 // Markdown table and never fails on a threshold.
 //
-//   ring_bench [--posts N] [--quick]
+//   ring_bench [--posts N] [--quick] [--only-ring CLIENTS] [--only-start]
 //
 // 1. Post-call latency (p50, p99, p99.9) and posts/s of one client process
 //    per transport: ring (the default path: a process's first post takes
@@ -245,12 +245,14 @@ int main(int argc, char** argv) {
   int64_t posts = 200000;
   bool quick = false;
   int only_ring = 0;  // > 0: only the ring with this many clients (for profiling)
+  bool only_start = false;  // only part 4, processes starting together
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--posts") == 0 && i + 1 < argc) posts = std::atoll(argv[++i]);
     else if (std::strcmp(argv[i], "--quick") == 0) quick = true;
     else if (std::strcmp(argv[i], "--only-ring") == 0 && i + 1 < argc) only_ring = std::atoi(argv[++i]);
+    else if (std::strcmp(argv[i], "--only-start") == 0) only_start = true;
     else {
-      std::fprintf(stderr, "usage: ring_bench [--posts N] [--quick] [--only-ring CLIENTS]\n");
+      std::fprintf(stderr, "usage: ring_bench [--posts N] [--quick] [--only-ring CLIENTS] [--only-start]\n");
       return 2;
     }
   }
@@ -268,7 +270,7 @@ int main(int argc, char** argv) {
     d->Stop();
     return 0;
   }
-  {
+  if (!only_start) {
     auto d = StartDaemon("1 MiB");
     Row("ring, 1 client", Run(*d, 1, posts, 1, 60, 1000));
     Row("socket, 1 client", Run(*d, 1, posts / 4, 0, 60, 1000));
@@ -279,7 +281,7 @@ int main(int argc, char** argv) {
     }
     d->Stop();
   }
-  {
+  if (!only_start) {
     // Idle: a daemon whose rings were used (a producer posted, then went
     // away) and that now has nothing to do, with the default metrics
     // interval (5 s). The forwarder's reconnect attempts to the absent
