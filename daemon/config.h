@@ -21,9 +21,10 @@ struct Config {
   std::string spool_dir = "/var/spool/postspool/incoming";
   std::string quarantine_dir = "/var/spool/postspool/quarantine";
   std::string journal_dir = "/var/lib/postspool/journal";
-  // The per-uid shared-memory rings (tmpfs; the daemon's own, mode 0700):
-  // one file of ring_lanes lanes of ring_lane_bytes each per uid that asked
-  // for one, at most ring_uids_max of them. Empty: no rings.
+  // The records of the per-uid shared-memory rings (the daemon's own
+  // directory, mode 0700): one System V segment of ring_lanes lanes of
+  // ring_lane_bytes each per uid that asked for one, at most ring_uids_max
+  // of them. Empty: no rings.
   std::string ring_dir = "/run/postspool/rings";
 
   // Ingest.

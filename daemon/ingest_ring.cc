@@ -107,7 +107,7 @@ bool Ingest::DrainRings(Clock::time_point now) {
   // The quotas apply where a post enters the ring: a uid at its share (or a
   // full disk) has its ring marked full and its producers take the socket,
   // which refuses with `full`. What is already in its lanes was accepted:
-  // it waits there (tmpfs, kept across restarts) until the share frees, so
+  // it waits there (shared memory, kept across restarts) until the share frees, so
   // one uid's ring (ring_lanes × ring_lane_bytes, 4 MiB by default) never
   // overruns its share and takes the room of the others. Stopping journals
   // it anyway, so SIGTERM never waits on the quota.

@@ -84,7 +84,7 @@ bool Ring::Open(std::span<std::byte> mem, Ring* out, std::string* why) {
     return false;
   }
   if (RingBytes(lanes, lane_bytes) > mem.size()) {
-    *why = "ring file shorter than its geometry";
+    *why = "ring shorter than its geometry";
     return false;
   }
   r.lane_count_ = lanes;

@@ -2,8 +2,9 @@
 // and the daemon's lane reader. FORMAT.md ("The shared-memory ring") is the
 // specification; this file must agree with it.
 //
-// A ring is one file on tmpfs, created by the daemon, mapped MAP_SHARED by
-// the daemon and by every process of its uid that asked the daemon for it.
+// A ring is one System V shared memory segment, created by the daemon and
+// attached by the daemon and by every process of its uid that asked the
+// daemon for it (its size is fixed: nobody can shrink it under a reader).
 // It holds lane_count single-producer lanes. Every process of that uid can
 // write every byte of it, so each side treats what the other writes as
 // hostile: the producer keeps its own copy of its tail and checks the head

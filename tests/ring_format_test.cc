@@ -132,7 +132,7 @@ TEST(RingGeometry, OpenRefusesWhatIsNotARing) {
   EXPECT_FALSE(Ring::Open(mem.span().first(kHeaderBytes - 1), &r, &why));
   EXPECT_FALSE(Ring::Open(mem.span().subspan(4), &r, &why)) << "misaligned";
   EXPECT_FALSE(Ring::Open(mem.span().first(RingBytes(2, kLaneBytes) - 1), &r, &why));
-  EXPECT_EQ(why, "ring file shorter than its geometry");
+  EXPECT_EQ(why, "ring shorter than its geometry");
   ASSERT_TRUE(Ring::Open(mem.span(), &r, &why));
 
   auto with = [&](size_t off, uint32_t v) {
