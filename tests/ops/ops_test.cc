@@ -377,7 +377,12 @@ TEST_F(Ops, UnroutablePostsAreCountedInStatusAndTheLog) {
 
 TEST_F(Ops, DrainWaitsForAFrozenBrokerAndDrawsAProgressBarOnATerminal) {
   ASSERT_TRUE(consumer_.DeclareBoundQueue(queue_, exchange_).ok());
-  StartDaemon(broker_->url(), {"heartbeat_s = 60", "health_confirm_stall_ms = 1500"});
+  // path_silent_ms far away: this test is about what status and drain show
+  // while the connection stays up; the forwarder would otherwise leave the
+  // silent connection after 5 s (tests/cluster checks that), and on a slow
+  // build the status below can come later than that.
+  StartDaemon(broker_->url(), {"heartbeat_s = 60", "health_confirm_stall_ms = 1500",
+                               "path_silent_ms = 600000"});
   WaitStatus([](const json& s) { return s["broker"]["state"] == "connected"; });
   broker_->Pause();
   Post(40);
