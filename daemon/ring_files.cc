@@ -160,6 +160,10 @@ Status RealRings::Open() {
   return Status::Ok();
 }
 
+uint32_t RealRings::RingDurability() const {
+  return config_.durability == Durability::kSynced ? ring::kDurabilitySynced : ring::kDurabilityAccepted;
+}
+
 Status RealRings::CreateRing(uid_t uid) {
   const uint64_t bytes = ring::RingBytes(config_.ring_lanes, config_.ring_lane_bytes);
   // A random key rather than IPC_PRIVATE: the record names key and id
@@ -182,10 +186,8 @@ Status RealRings::CreateRing(uid_t uid) {
     ::shmctl(shm_id, IPC_RMID, nullptr);
     return Status::FromErrno(e, "shmat");
   }
-  const uint32_t durability = config_.durability == Durability::kSynced ? ring::kDurabilitySynced
-                                                                         : ring::kDurabilityAccepted;
   ring::Ring::Format(std::span(static_cast<std::byte*>(map), bytes), config_.ring_lanes,
-                     config_.ring_lane_bytes, uid, durability);
+                     config_.ring_lane_bytes, uid, RingDurability());
   // Only now may the uid attach it: the owner is the uid, the creator stays
   // the daemon.
   shmid_ds ds{};
@@ -240,9 +242,7 @@ Status RealRings::AttachRing(uid_t uid, key_t key, int shm_id) {
     ::shmdt(map);
     return Status(StatusCode::kCorruption, "shm id " + std::to_string(shm_id) + ": " + why);
   }
-  const uint32_t durability = config_.durability == Durability::kSynced ? ring::kDurabilitySynced
-                                                                         : ring::kDurabilityAccepted;
-  e.ring.durability().store(durability, std::memory_order_relaxed);
+  e.ring.durability().store(RingDurability(), std::memory_order_relaxed);
   e.ring.doorbell().store(0, std::memory_order_relaxed);
   if (seg.retired) {
     // Removed by its user: read what it holds this run, then let it go.

@@ -65,6 +65,8 @@ class RealRings final : public RingPort {
     // read until the daemon stops, never handed out again.
     bool retired = false;
   };
+  // The config's durability, as the ring header says it.
+  uint32_t RingDurability() const;
   Status CreateRing(uid_t uid);
   Status AttachRing(uid_t uid, key_t key, int shm_id);
   bool Removed(const Segment& s) const;

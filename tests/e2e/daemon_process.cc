@@ -67,18 +67,47 @@ DaemonProcess::~DaemonProcess() {
 // The rings outlive the daemon (System V segments, FORMAT.md): a test's
 // are removed with its directories, or every test would leave its rings
 // in the machine's memory until a reboot.
+namespace {
+
+// "postspool-ring-1 <key> <shm id>"
+int ReadRingRecord(const std::string& path) {
+  std::ifstream in(path);
+  std::string magic;
+  int key = 0, id = -1;
+  if (!(in >> magic >> key >> id)) return -1;
+  return id;
+}
+
+}  // namespace
+
+int RingRecordId(const std::string& ring_dir, uid_t uid) {
+  return ReadRingRecord(ring_dir + "/" + std::to_string(uid) + ".shm");
+}
+
 void RemoveRings(const std::string& ring_dir) {
   DIR* d = ::opendir(ring_dir.c_str());
   if (d == nullptr) return;
   while (dirent* e = ::readdir(d)) {
     const std::string name = e->d_name;
     if (name.size() < 5 || name.compare(name.size() - 4, 4, ".shm") != 0) continue;
-    std::ifstream in(ring_dir + "/" + name);
-    std::string magic;
-    int key = 0, id = -1;
-    if (in >> magic >> key >> id && id >= 0) ::shmctl(id, IPC_RMID, nullptr);
+    if (const int id = ReadRingRecord(ring_dir + "/" + name); id >= 0) ::shmctl(id, IPC_RMID, nullptr);
   }
   ::closedir(d);
+}
+
+double CpuSeconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t close = text.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::istringstream fields(text.substr(close + 2));
+  std::string f;
+  unsigned long long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && fields >> f; ++i) {
+    if (i == 14) utime = std::stoull(f);
+    if (i == 15) stime = std::stoull(f);
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
 }
 
 bool DaemonProcess::Start() {

@@ -64,7 +64,12 @@ class DaemonProcess {
 
 // Removes a directory tree (rm -rf), for test cleanup.
 void RemoveTree(const std::string& path);
+// The System V shared memory id that the daemon's record of `uid`'s ring in
+// ring_dir names (FORMAT.md, "The shared-memory ring"), or -1.
+int RingRecordId(const std::string& ring_dir, uid_t uid);
 // Removes the System V segments that the ring records in ring_dir name.
 void RemoveRings(const std::string& ring_dir);
+// CPU seconds (user + system) the process has used, from /proc; -1 if unknown.
+double CpuSeconds(pid_t pid);
 
 }  // namespace postspool::testing

@@ -1311,21 +1311,6 @@ TEST_F(Hostile, UsersCannotReadListDeleteOrReplaceEachOthersSpooledPosts) {
 
 // --- The per-uid shared-memory ring.
 
-// utime + stime of a process, in seconds (/proc/<pid>/stat).
-double ProcessCpuSeconds(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(f)), {});
-  const size_t close = text.rfind(')');
-  if (close == std::string::npos) return 0;
-  std::istringstream in(text.substr(close + 2));
-  std::string field;
-  double ticks = 0;
-  for (int i = 3; i <= 15 && in >> field; ++i) {
-    if (i == 14 || i == 15) ticks += std::stod(field);
-  }
-  return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
-}
-
 // Asks the daemon for this uid's ring the way libpostspool does (a request
 // of no records) and returns the System V shared memory id it answered
 // with, or -errno (-EPROTO also if it passed a descriptor).
@@ -1364,15 +1349,6 @@ int RequestRingId(const std::string& socket_path) {
   return static_cast<int>(ack.ring_id);
 }
 
-// The ring id that the daemon's record in ring_dir names for `uid`, or -1.
-int RecordedRingId(const std::string& ring_dir, uid_t uid) {
-  std::ifstream in(ring_dir + "/" + std::to_string(uid) + ".shm");
-  std::string magic;
-  int key = 0, id = -1;
-  if (!(in >> magic >> key >> id)) return -1;
-  return id;
-}
-
 // The uid a ring says it belongs to (its header), or -1.
 int64_t RingUid(int shm_id) {
   void* map = ::shmat(shm_id, nullptr, SHM_RDONLY);
@@ -1396,9 +1372,9 @@ TEST_F(Hostile, AUserCannotObtainOpenOrMapAnotherUsersRing) {
   auto victim = StartPostsAs(victim_, plan, &report, stop.read_end());
   const std::string ring_dir = daemon_->ring_dir();
   const std::string victim_record = ring_dir + "/" + std::to_string(victim_.uid) + ".shm";
-  ASSERT_TRUE(WaitUntil([&] { return RecordedRingId(ring_dir, victim_.uid) >= 0; }, 10000ms))
+  ASSERT_TRUE(WaitUntil([&] { return RingRecordId(ring_dir, victim_.uid) >= 0; }, 10000ms))
       << "the victim's ring was never made";
-  const int victim_ring = RecordedRingId(ring_dir, victim_.uid);
+  const int victim_ring = RingRecordId(ring_dir, victim_.uid);
   shmid_ds ds{};
   ASSERT_EQ(::shmctl(victim_ring, IPC_STAT, &ds), 0);
   EXPECT_EQ(ds.shm_perm.uid, victim_.uid);
@@ -1692,7 +1668,7 @@ TEST_F(Hostile, RingingTheDoorbellWithoutLimitWakesTheDaemonABoundedNumberOfTime
   StartDaemon();
   const std::string socket_path = daemon_->socket_path();
   const uint64_t wakeups_before = daemon_->Metrics()["ring_wakeups_total"];
-  const double cpu_before = ProcessCpuSeconds(daemon_->pid());
+  const double cpu_before = CpuSeconds(daemon_->pid());
   const auto start = Clock::now();
   Pipe result;
   ChildAs ringer(attacker_, {result.write_end()}, [socket_path] {
@@ -1718,7 +1694,7 @@ TEST_F(Hostile, RingingTheDoorbellWithoutLimitWakesTheDaemonABoundedNumberOfTime
   // The metrics file is written every 100 ms in these tests.
   std::this_thread::sleep_for(300ms);
   const uint64_t wakeups = daemon_->Metrics()["ring_wakeups_total"] - wakeups_before;
-  const double cpu = ProcessCpuSeconds(daemon_->pid()) - cpu_before;
+  const double cpu = CpuSeconds(daemon_->pid()) - cpu_before;
   std::printf("[ figures ] doorbell rung %s times in %.2f s: %llu daemon wake-ups, %.3f s of daemon CPU\n",
               rings.c_str(), seconds, static_cast<unsigned long long>(wakeups), cpu);
   // At most one wake-up per millisecond of the attack, with room for the
