@@ -1,5 +1,6 @@
 #include "background_worker.h"
 
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -21,7 +22,10 @@ Status BackgroundWorker::Start() {
   event_fd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!event_fd_.valid()) return Status::FromErrno(errno, "eventfd");
   try {
-    thread_ = std::thread([this] { Run(); });
+    thread_ = std::thread([this] {
+      ::pthread_setname_np(::pthread_self(), "ps-worker");
+      Run();
+    });
   } catch (const std::system_error& e) {
     return Status(StatusCode::kIoError, std::string("starting the loop's worker thread: ") + e.what());
   }

@@ -1,6 +1,7 @@
 #include "control.h"
 
 #include <poll.h>
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -80,7 +81,10 @@ Status ControlServer::Start(const Options& options, Handler handler, Tick tick) 
   if (!stop_fd_.valid()) return Status::FromErrno(errno, "eventfd");
   listen_fd_ = std::move(fd);
   clients_.reserve(options_.connections_max);
-  thread_ = std::thread([this] { Run(); });
+  thread_ = std::thread([this] {
+    ::pthread_setname_np(::pthread_self(), "ps-control");
+    Run();
+  });
   return Status::Ok();
 }
 

@@ -1,6 +1,7 @@
 #include "forwarder.h"
 
 #include <poll.h>
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -192,7 +193,10 @@ Status Forwarder::Start() {
   drained_.store(false);
   drain_probed_ = false;
   mode_.store(Mode::kRun);
-  thread_ = std::thread([this] { Run(); });
+  thread_ = std::thread([this] {
+    ::pthread_setname_np(::pthread_self(), "ps-forwarder");
+    Run();
+  });
   return Status::Ok();
 }
 

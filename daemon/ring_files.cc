@@ -155,7 +155,10 @@ Status RealRings::Open() {
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
-  thread_ = std::thread([this] { DoorbellThread(); });
+  thread_ = std::thread([this] {
+    ::pthread_setname_np(::pthread_self(), "ps-doorbell");
+    DoorbellThread();
+  });
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
   return Status::Ok();
 }
