@@ -39,6 +39,9 @@ def markdown(r):
                                  " ".join("%.2f" % v for v in m.get("loadavg_after", [])),
                                  r.get("sizes", {}).get("reps")))
     out.append("")
+    cost = fig.get("cost", {})
+    if cost and "error" not in cost:
+        out.extend(cost_table(cost))
     lat = fig.get("latency", {})
     if "runs" in lat:
         out.append("### Post-call latency (µs) and posts/s, against a bare SOCK_SEQPACKET "
@@ -164,6 +167,55 @@ def markdown(r):
         out.append("Figures that failed: " + "; ".join("%s: %s" % kv for kv in errors.items()))
         out.append("")
     return "\n".join(out)
+
+
+def cost_table(c):
+    """The daemon's own cost per post (suite.py fig_cost): figure, anchor of
+    the same run, ratio, goal."""
+    g = c.get("goals", {})
+    rows = []
+    for placement, label in (("same", "client and daemon on one CPU"),
+                             ("cross", "on two CPUs")):
+        s = c.get("socket_" + placement, {})
+        rows.append(("socket post p50 µs, %s" % label, f(s.get("p50_us")),
+                     "bare SEQPACKET round trip, 280 B / 24 B: " + f(s.get("anchor_p50_us")),
+                     x(s.get("ratio_p50_to_anchor")), g.get("socket_" + placement, "")))
+    for placement in ("same", "cross"):
+        s = c.get("socket_" + placement, {})
+        rows.append(("daemon CPU µs per socket post until confirmed, %s CPU" % placement,
+                     f(s.get("daemon_cpu_us_per_post")), "", "", g.get("daemon_cpu", "")))
+    d = c.get("drain", {})
+    if "skipped" in d:
+        rows.append(("backlog drain", "skipped: " + d["skipped"], "", "", g.get("drain", "")))
+    elif d:
+        rows.append(("backlog drain of %s posts, posts/s; forwarder CPU µs per message"
+                     % f(d.get("posts")),
+                     "%s; %s" % (f(d.get("drain_posts_per_s")),
+                                 f(d.get("forwarder_cpu_us_per_post"), 2)),
+                     "one rabbitmq-c publisher, confirms, window 1,000: "
+                     + f(d.get("ceiling_per_s")), x(d.get("ratio_to_ceiling")),
+                     g.get("drain", "")))
+    p = c.get("process", {})
+    if p:
+        rows.append(("`postspool post` as a process, p50 ms of %s interleaved"
+                     % f(p.get("count")), f(p.get("p50_ms"), 2),
+                     "`true`: " + f(p.get("true_p50_ms"), 2), x(p.get("ratio_p50_to_true")),
+                     g.get("process", "")))
+    r8 = c.get("ring_8", {})
+    if r8:
+        rows.append(("ring ingest, 8 producers, posts/s (median; each run)",
+                     "%s; %s" % (f(r8.get("journaled_per_s")),
+                                 ", ".join(f(r.get("journaled_per_s")) for r in r8.get("runs", []))),
+                     "", "", g.get("ring_8", "")))
+    r1 = c.get("ring_1", {})
+    if r1:
+        rows.append(("ring post p50 µs, 1 producer", f(r1.get("p50_us"), 2), "", "",
+                     g.get("ring_1", "")))
+    out = ["### The daemon's own cost per post, each figure beside its anchor", "",
+           "| figure | postspool | anchor, same run | ratio | goal |", "|---|---|---|---|---|"]
+    out += ["| %s |" % " | ".join(row) for row in rows]
+    out.append("")
+    return out
 
 
 def ratio_(a, b):

@@ -32,13 +32,13 @@ if [ -z "${BENCH_NO_BUILD:-}" ]; then
     meson setup "$build" "$src" --buildtype=release -Dcpp_args=-Wno-error=restrict >/dev/null
   fi
   ninja -C "$build" -j"${BENCH_JOBS:-2}" daemon/postspoold client-lib/tools/postspool \
-    bench/e2e/bench_tool >/dev/null
+    bench/e2e/bench_tool bench/ring/ring_bench >/dev/null
 fi
 mkdir -p "$out"
 # Debian's python3, where python3-matplotlib is (not a pyenv or venv one).
 py=${BENCH_PYTHON:-/usr/bin/python3}
 [ -x "$py" ] || py=python3
 "$py" "$here/suite.py" --tool "$build/bench/e2e/bench_tool" \
-  --postspoold "$build/daemon/postspoold" --cli "$build/client-lib/tools/postspool" \
+  --postspoold "$build/daemon/postspoold" --ring-bench "$build/bench/ring/ring_bench" --cli "$build/client-lib/tools/postspool" \
   --size "$size" --out "$out" ${args[@]+"${args[@]}"}
 "$py" "$here/report.py" "$out/results.json" "$out"

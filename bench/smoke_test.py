@@ -4,7 +4,7 @@ suite.py at its smallest size against a broker it starts, and checks that it
 ran and wrote well-formed JSON with every figure present. No thresholds: the
 figures of a smoke run on a busy CI machine mean nothing.
 
-usage: smoke_test.py BENCH_TOOL POSTSPOODL POSTSPOOL_CLI"""
+usage: smoke_test.py BENCH_TOOL POSTSPOOLD POSTSPOOL_CLI RING_BENCH"""
 
 import json
 import os
@@ -13,12 +13,12 @@ import subprocess
 import sys
 import tempfile
 
-FIGURES = ["ceiling", "latency", "syscalls", "short_lived", "end_to_end", "outage",
+FIGURES = ["ceiling", "cost", "latency", "syscalls", "short_lived", "end_to_end", "outage",
            "backlog", "baselines"]
 
 
 def main():
-    tool, daemon, cli = sys.argv[1:4]
+    tool, daemon, cli, ring_bench = sys.argv[1:5]
     if not os.path.exists("/usr/lib/rabbitmq/bin/rabbitmq-server"):
         print("SKIP: rabbitmq-server is not installed")
         return 77
@@ -26,7 +26,8 @@ def main():
     out = tempfile.mkdtemp(prefix="postspool-bench-smoke-")
     try:
         p = subprocess.run([sys.executable, os.path.join(here, "suite.py"), "--tool", tool,
-                            "--postspoold", daemon, "--cli", cli, "--size", "smoke",
+                            "--postspoold", daemon, "--cli", cli, "--ring-bench", ring_bench,
+                            "--size", "smoke",
                             "--out", out], stdout=subprocess.PIPE, text=True, timeout=600)
         print(p.stdout)
         if p.returncode != 0:
@@ -46,6 +47,12 @@ def main():
         for key in ("socket/accepted/1/same", "socket/synced/8/none", "spool/accepted/64/none"):
             if lat.get(key, {}).get("p50") is None:
                 bad.append("latency %s: no p50" % key)
+        cost = figures.get("cost", {})
+        for key, field in (("socket_same", "p50_us"), ("socket_cross", "anchor_p50_us"),
+                           ("drain", "drain_posts_per_s"), ("process", "p50_ms"),
+                           ("ring_8", "journaled_per_s"), ("ring_1", "p50_us")):
+            if cost.get(key, {}).get(field) is None:
+                bad.append("cost %s: no %s" % (key, field))
         if not os.path.exists(os.path.join(out, "results.md")):
             bad.append("results.md not written")
         subprocess.run([sys.executable, os.path.join(here, "report.py"),

@@ -49,6 +49,18 @@ TRANSPORTS = {
 }
 
 
+# The goals of the cost figure (fig_cost), shown beside its figures.
+COST_GOALS = {
+    "socket_same": "p50 ≤ 1.5× the bare round trip",
+    "socket_cross": "p50 ≤ 1.5× the bare round trip",
+    "daemon_cpu": "≤ 5 µs per socket post",
+    "drain": "≥ 0.95× the single publisher; forwarder ≤ 2 µs CPU per message",
+    "process": "≤ 1.3× `true`",
+    "ring_8": "every run ≥ 1M/s, median ≥ 1.5M/s",
+    "ring_1": "p50 ≤ 1 µs",
+}
+
+
 def log(msg):
     print("[suite %s] %s" % (time.strftime("%H:%M:%S"), msg), file=sys.stderr, flush=True)
 
@@ -255,15 +267,16 @@ class Suite:
         self.sz = {
             "smoke": dict(reps=1, posts1=300, posts8=100, posts64=10, pingpong=2000,
                           ceiling=2000, warmup=500, short=10, e2e_posts=300, outage_posts=200,
-                          backlog=2000, conn_posts=3, retry_posts=200, syscall_posts=200),
+                          backlog=2000, conn_posts=3, retry_posts=200, syscall_posts=200,
+                          drain=2000, spawn=10, ring_posts=2000),
             "quick": dict(reps=3, posts1=5000, posts8=2000, posts64=200, pingpong=10000,
                           ceiling=20000, warmup=5000, short=100, e2e_posts=2500,
                           outage_posts=3000, backlog=100000, conn_posts=25, retry_posts=2000,
-                          syscall_posts=2000),
+                          syscall_posts=2000, drain=100000, spawn=100, ring_posts=50000),
             "full": dict(reps=3, posts1=20000, posts8=5000, posts64=500, pingpong=20000,
                          ceiling=50000, warmup=5000, short=300, e2e_posts=5000,
                          outage_posts=5000, backlog=1000000, conn_posts=50, retry_posts=5000,
-                         syscall_posts=5000),
+                         syscall_posts=5000, drain=100000, spawn=100, ring_posts=200000),
         }[q]
         if args.backlog is not None:
             self.sz["backlog"] = args.backlog
@@ -474,17 +487,8 @@ class Suite:
     def time_processes(self, argv_list, count, env=None, parallel=1):
         """Wall time of `count` processes, each run to its end; sequential
         latency percentiles, then count processes `parallel` at a time."""
-        lat = []
         env = env or os.environ.copy()
-        for i in range(count):
-            argv = argv_list(i)
-            t0 = time.perf_counter_ns()
-            pid = os.posix_spawnp(argv[0], argv, env,
-                                  file_actions=[(os.POSIX_SPAWN_OPEN, 1, "/dev/null",
-                                                 os.O_WRONLY, 0)])
-            _, status = os.waitpid(pid, 0)
-            lat.append((time.perf_counter_ns() - t0) / 1e6)
-        lat.sort()
+        lat = sorted(spawn_ms(argv_list(i), env) for i in range(count))
         t0 = time.perf_counter_ns()
         running = set()
         for i in range(count):
@@ -620,16 +624,15 @@ class Suite:
             (r["first_confirmed_after_return_s"] or 1e9 for r in rr), default=None)
         self.fig["outage"] = out
 
-    def fig_backlog(self):
-        if not self.broker.own:
-            self.fig["backlog"] = {"skipped": "the broker was given (--broker): not ours to stop"}
-            return
-        n = self.sz["backlog"]
+    def backlog_drain(self, n, operator_view):
+        """Builds a backlog of n posts (8 socket clients) while the broker is
+        down, brings the broker back and times the drain: posts/s from the
+        first confirm to the last, and the CPU time of each daemon thread
+        from the broker's return until the last confirm. With operator_view,
+        also what `postspool status` said on the way, peak RSS and disk."""
         per = max(n // 8, 1)
         n = per * 8
-        log("backlog of %d posts while the broker is down" % n)
         out = {"posts": n}
-        out["ceiling"] = self.ceiling(min(n, self.a.backlog_ceiling_max))
         d = self.new_daemon("accepted")
         try:
             self.broker.command("stop")
@@ -641,15 +644,15 @@ class Suite:
             out["build"] = {k: r.get(k) for k in ("ok", "failed", "via_socket", "via_spool",
                                                    "posts_per_s", "latency_us")}
             time.sleep(1.0)  # the spooled posts adopted, metrics written
-            out["daemon_rss_peak_mib_during_build"] = (d.status_kib("VmHWM") or 0) / 1024
-            out["disk_bytes"] = d.disk_bytes()
-            out["metrics_before_return"] = {k: v for k, v in d.metrics().items()
-                                            if "backlog" in k or k in ("journal_bytes",
-                                                                       "disk_bytes")}
-            st = subprocess.run([self.a.cli, "status", "--control-socket", d.control_path],
-                                capture_output=True, text=True)
-            out["status_while_down"] = (st.stdout or st.stderr)[-2000:]
+            if operator_view:
+                out["daemon_rss_peak_mib_during_build"] = (d.status_kib("VmHWM") or 0) / 1024
+                out["disk_bytes"] = d.disk_bytes()
+                out["metrics_before_return"] = {k: v for k, v in d.metrics().items()
+                                                if "backlog" in k or k in ("journal_bytes",
+                                                                           "disk_bytes")}
+                out["status_while_down"] = self.status_text(d)
             target = r.get("ok", 0)
+            cpu0 = d.threads_cpu_s()
             self.broker.command("start")
             t_up = time.monotonic()
             series = []
@@ -668,27 +671,146 @@ class Suite:
                 if now - last_status > 5:
                     last_status = now
                     log("draining: %d of %d confirmed (%.0f s)" % (c, target, now))
-                    if "status_during_drain" not in out and c > 0:
+                    if operator_view and "status_during_drain" not in out and c > 0:
                         # What the operator sees mid-drain: postspool status.
-                        st = subprocess.run([self.a.cli, "status", "--control-socket",
-                                             d.control_path], capture_output=True, text=True)
-                        out["status_during_drain"] = (st.stdout or st.stderr)[-2000:]
+                        out["status_during_drain"] = self.status_text(d)
                 time.sleep(0.1)
-            st = subprocess.run([self.a.cli, "status", "--control-socket", d.control_path],
-                                capture_output=True, text=True)
-            out["status_after_drain"] = (st.stdout or st.stderr)[-2000:]
-            out["daemon_rss_peak_mib"] = (d.status_kib("VmHWM") or 0) / 1024
+            cpu1 = d.threads_cpu_s()
+            out["daemon_cpu_s_during_drain"] = {k: cpu1.get(k, 0) - cpu0.get(k, 0) for k in cpu1}
+            forwarder = sum(v for k, v in out["daemon_cpu_s_during_drain"].items()
+                            if k.startswith("ps-forwarder"))
+            out["forwarder_cpu_us_per_post"] = forwarder / target * 1e6 if done and target \
+                else None
+            if operator_view:
+                out["status_after_drain"] = self.status_text(d)
+                out["daemon_rss_peak_mib"] = (d.status_kib("VmHWM") or 0) / 1024
             out["first_confirmed_after_return_s"] = first
             out["drained_s"] = done
             out["drain_posts_per_s"] = (target / (done - first)) if done and first is not None \
                 and done > first else None
-            out["ratio_drain_to_ceiling"] = ratio(out["drain_posts_per_s"],
-                                                  out["ceiling"].get("messages_per_s"))
             out["series"] = series
         finally:
             d.stop()
         self.broker.reset()
+        return out
+
+    def status_text(self, d):
+        st = subprocess.run([self.a.cli, "status", "--control-socket", d.control_path],
+                            capture_output=True, text=True)
+        return (st.stdout or st.stderr)[-2000:]
+
+    def fig_backlog(self):
+        if not self.broker.own:
+            self.fig["backlog"] = {"skipped": "the broker was given (--broker): not ours to stop"}
+            return
+        n = self.sz["backlog"]
+        log("backlog of %d posts while the broker is down" % n)
+        ceiling = self.ceiling(min(n, self.a.backlog_ceiling_max))
+        out = self.backlog_drain(n, operator_view=True)
+        out["ceiling"] = ceiling
+        out["ratio_drain_to_ceiling"] = ratio(out["drain_posts_per_s"],
+                                              ceiling.get("messages_per_s"))
         self.fig["backlog"] = out
+
+    def fig_cost(self):
+        """The daemon's own cost per post: each figure beside its anchor, one
+        run (interleaved repetitions), with the goal it is judged by."""
+        sz = self.sz
+        out = {"goals": COST_GOALS}
+        # A socket post against a bare SOCK_SEQPACKET round trip of the same
+        # placement, 280-byte request and 24-byte reply (a post and its ack);
+        # the daemon's CPU per socket post until the broker confirmed it.
+        d = self.new_daemon("accepted")
+        try:
+            for placement, daemon_cpus in (("same", "0"), ("cross", "1")):
+                log("cost: socket post, %s CPU" % placement)
+                anchors, runs, cpu = [], [], []
+                for _ in range(sz["reps"]):
+                    anchors.append(self.run_tool(
+                        "pingpong", "--clients", 1, "--round-trips", sz["posts1"],
+                        "--placement", placement, "--request-bytes", 280, "--reply-bytes", 24))
+                    d.pin(daemon_cpus)
+                    before = d.metrics().get("confirmed_total", 0)
+                    cpu0 = d.threads_cpu_s()
+                    r = self.fleet(d, "socket", 1, sz["posts1"], cpu=0)
+                    d.wait_confirmed(before + r.get("ok", 0), 120)
+                    cpu1 = d.threads_cpu_s()
+                    r["daemon_cpu_s"] = {k: cpu1.get(k, 0) - cpu0.get(k, 0) for k in cpu1}
+                    ok = r.get("ok", 0)
+                    cpu.append(sum(r["daemon_cpu_s"].values()) / ok * 1e6 if ok else None)
+                    runs.append(r)
+                self.reset_quietly()
+                s = summarize_runs(runs, "posts_per_s")
+                a = summarize_runs(anchors, "per_s")
+                out["socket_" + placement] = {
+                    "p50_us": s["p50"], "anchor_p50_us": a["p50"],
+                    "ratio_p50_to_anchor": ratio(s["p50"], a["p50"]),
+                    "daemon_cpu_us_per_post": median(cpu), "runs": runs, "anchor_runs": anchors}
+        finally:
+            d.stop()
+        # A backlog's drain against one rabbitmq-c publisher with confirms,
+        # window 1,000, the same number of messages into an empty queue.
+        if self.broker.own:
+            runs = []
+            for _ in range(sz["reps"]):
+                log("cost: drain of %d posts" % sz["drain"])
+                ceiling = self.ceiling(sz["drain"])
+                r = self.backlog_drain(sz["drain"], operator_view=False)
+                r.pop("series", None)
+                r["ceiling_per_s"] = ceiling.get("messages_per_s")
+                runs.append(r)
+            rate = median(r["drain_posts_per_s"] for r in runs)
+            ceil = median(r["ceiling_per_s"] for r in runs)
+            out["drain"] = {"posts": sz["drain"], "drain_posts_per_s": rate,
+                            "ceiling_per_s": ceil, "ratio_to_ceiling": ratio(rate, ceil),
+                            "forwarder_cpu_us_per_post": median(
+                                r["forwarder_cpu_us_per_post"] for r in runs),
+                            "runs": runs}
+        else:
+            out["drain"] = {"skipped": "the broker was given (--broker): not ours to stop"}
+        # `postspool post` as a process against `true`: each spawned and
+        # reaped in turn (interleaved, so that both see the same machine).
+        log("cost: postspool post as a process")
+        d = self.new_daemon("accepted")
+        try:
+            post, true = [], []
+            for i in range(sz["spawn"]):
+                true.append(spawn_ms(["true"]))
+                post.append(spawn_ms([self.a.cli, "post", "--socket", d.socket_path,
+                                      "--spool-dir", d.spool_dir, "--rel-path",
+                                      "data/job/file%06d.nc" % i]))
+            post.sort()
+            true.sort()
+            out["process"] = {"count": sz["spawn"], "p50_ms": pct(post, 50),
+                              "true_p50_ms": pct(true, 50),
+                              "ratio_p50_to_true": ratio(pct(post, 50), pct(true, 50))}
+        finally:
+            d.stop()
+        self.reset_quietly()
+        # The ring: ring_bench's ingest with 8 producers (journaled/s, no
+        # broker) and one producer's post-call p50.
+        for producers in (8, 1):
+            log("cost: ring, %d producer(s)" % producers)
+            runs = [self.ring_bench(producers) for _ in range(sz["reps"])]
+            out["ring_%d" % producers] = {
+                "runs": runs,
+                "journaled_per_s": median(r.get("journaled_per_s") for r in runs),
+                "journaled_per_s_min": min((r["journaled_per_s"] for r in runs
+                                            if r.get("journaled_per_s")), default=None),
+                "p50_us": median(r.get("p50_us") for r in runs)}
+        self.fig["cost"] = out
+
+    def ring_bench(self, producers):
+        """One `ring_bench --only-ring N` run, parsed from its table row."""
+        p = subprocess.run([self.a.ring_bench, "--only-ring", str(producers), "--posts",
+                            str(self.sz["ring_posts"])], capture_output=True, text=True)
+        for line in p.stdout.splitlines():
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if cells and cells[0] == "ring" and len(cells) >= 7:
+                return {"p50_us": float(cells[1]), "p99_us": float(cells[2]),
+                        "journaled_per_s": float(cells[5]),
+                        "daemon_cpu_us_per_post": float(cells[6]), "transports": cells[7]}
+        return {"error": "ring_bench rc %d: %s" % (p.returncode, (p.stderr or p.stdout)[-300:])}
 
     def fig_baselines(self):
         log("baselines: a connection per post; a retry file per post")
@@ -728,7 +850,7 @@ class Suite:
         log("broker %s" % self.broker.url)
         try:
             self.broker.reset()
-            steps = [self.fig_ceiling, self.fig_latency, self.fig_syscalls, self.fig_short_lived,
+            steps = [self.fig_ceiling, self.fig_cost, self.fig_latency, self.fig_syscalls, self.fig_short_lived,
                      self.fig_end_to_end, self.fig_outage, self.fig_backlog, self.fig_baselines]
             for step in steps:
                 name = step.__name__[4:]
@@ -746,6 +868,15 @@ class Suite:
         self.results["size"] = self.a.size
         self.results["sizes"] = self.sz
         return self.results
+
+
+def spawn_ms(argv, env=None):
+    """Milliseconds from posix_spawn to the process reaped (stdout to /dev/null)."""
+    t0 = time.perf_counter_ns()
+    pid = os.posix_spawnp(argv[0], argv, env or os.environ,
+                          file_actions=[(os.POSIX_SPAWN_OPEN, 1, "/dev/null", os.O_WRONLY, 0)])
+    os.waitpid(pid, 0)
+    return (time.perf_counter_ns() - t0) / 1e6
 
 
 def pct(sorted_values, p):
@@ -775,6 +906,7 @@ def main():
     ap.add_argument("--tool", required=True)
     ap.add_argument("--postspoold", required=True)
     ap.add_argument("--cli", required=True)
+    ap.add_argument("--ring-bench", help="ring_bench (default: ../ring/ring_bench beside --tool)")
     ap.add_argument("--broker", default="", help="amqp://... of a broker to use (none: start one)")
     ap.add_argument("--size", choices=("smoke", "quick", "full"), default="full")
     ap.add_argument("--reps", type=int)
@@ -790,6 +922,9 @@ def main():
     ap.add_argument("--only", default="", help="comma list of figures to run")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
+    if not a.ring_bench:
+        a.ring_bench = os.path.join(os.path.dirname(os.path.abspath(a.tool)), "..", "ring",
+                                    "ring_bench")
     os.makedirs(a.out, exist_ok=True)
     res = Suite(a).run()
     with open(os.path.join(a.out, "results.json"), "w") as f:
