@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -71,10 +72,26 @@ bool PortFree(int port) {
   return ok;
 }
 
-// A free port in [20000, 40000): low enough that RabbitMQ's CLI tools,
-// which use the distribution port + 10000..10010, stay below 65536.
+// The lowest port the kernel hands out to outgoing connections
+// (net.ipv4.ip_local_port_range; 32768 when it cannot be read).
+int EphemeralLow() {
+  int low = 32768, high = 0;
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (std::fscanf(f, "%d %d", &low, &high) != 2) low = 32768;
+    std::fclose(f);
+  }
+  return low;
+}
+
+// A free port below the ephemeral range, so that while a broker is stopped
+// and started again (the bench and the cluster tests do) no outgoing
+// connection of another program on the machine can be given its port; seen
+// as eaddrinuse at restart on a busy machine. At least 10000 and below 40000,
+// low enough that RabbitMQ's CLI tools, which use the distribution port +
+// 10000..10010, stay below 65536.
 int PickPort(std::mt19937* rng, int avoid1 = 0, int avoid2 = 0) {
-  std::uniform_int_distribution<int> pick(20000, 39999);
+  const int high = std::clamp(EphemeralLow(), 12000, 40000);
+  std::uniform_int_distribution<int> pick(10000, high - 1);
   for (int i = 0; i < 1000; ++i) {
     const int p = pick(*rng);
     if (p != avoid1 && p != avoid2 && PortFree(p) && PortFree(p + 10000)) return p;
