@@ -608,6 +608,11 @@ Status LockJournalDir(const std::string& journal_dir, UniqueFd* lock) {
   return Status::Ok();
 }
 
+JournalPosition StorableCheckpoint(JournalPosition watermark,
+                                   std::optional<JournalPosition> damaged_at) {
+  return damaged_at ? std::min(watermark, *damaged_at) : watermark;
+}
+
 Status SetAsideDamagedSegment(int dirfd, uint64_t seq, JournalUsage* usage,
                               std::string* moved_to, Storage* storage) {
   const std::string name = JournalSegmentName(seq);

@@ -26,6 +26,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -279,6 +280,14 @@ class Checkpoint {
   StorageFd fd_;
   uint64_t generation_;  // of the newest slot written
 };
+
+// What the checkpoint may hold: `watermark`, but never beyond `damaged_at`
+// (where reading failed in the oldest segment found damaged and not yet set
+// aside, if any). A restart starts reading at the stored checkpoint: one
+// past such a segment would never read it again, never find it damaged, and
+// DeleteConfirmedSegments would delete it as confirmed.
+JournalPosition StorableCheckpoint(JournalPosition watermark,
+                                   std::optional<JournalPosition> damaged_at);
 
 // Moves the damaged segment `seq` into the damaged/ subdirectory of the
 // journal directory (created 0700 if missing), under its own name or, if a

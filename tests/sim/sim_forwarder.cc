@@ -368,7 +368,7 @@ bool SimForwarder::Republish(const daemon::PublishWindow::Due& due, Clock::time_
 
 void SimForwarder::WriteWatermark() {
   if (node_->fs.daemon_dead()) return;
-  const JournalPosition w = window_->watermark();
+  const JournalPosition w = CheckpointWatermark();
   if (!checkpoint_ || w == written_checkpoint_) return;
   if (Status s = checkpoint_->Store(w); !s.ok()) {
     node_->Trace("forwarder: cannot write the checkpoint: " + s.ToString());
@@ -385,27 +385,30 @@ void SimForwarder::MaybeCheckpoint(Clock::time_point now, bool force) {
   if (w == stored_checkpoint_ && w == cleaned_at_) return;
   if (!force && now < next_checkpoint_at_) return;
   next_checkpoint_at_ = now + milliseconds(config_.checkpoint_interval_ms);
+  // As forwarder.cc: damaged segments set aside first, then the checkpoint
+  // bounded by those still in place.
+  SetAsideDamagedSegments(w);
+  const JournalPosition c = CheckpointWatermark();
   if (!checkpoint_) {
-    if (Status s = daemon::Checkpoint::Open(dirfd_, w, &checkpoint_, storage_); s.ok()) {
-      written_checkpoint_ = w;
+    if (Status s = daemon::Checkpoint::Open(dirfd_, c, &checkpoint_, storage_); s.ok()) {
+      written_checkpoint_ = c;
       checkpoint_faulted_ = false;
     } else {
       node_->Trace("forwarder: cannot create the checkpoint: " + s.ToString());
       checkpoint_faulted_ = true;
     }
   }
-  if (checkpoint_ && w != stored_checkpoint_) {
+  if (checkpoint_ && c != stored_checkpoint_) {
     WriteWatermark();
-    if (written_checkpoint_ == w) {
+    if (written_checkpoint_ == c) {
       if (Status s = checkpoint_->Sync(); s.ok()) {
-        stored_checkpoint_ = w;
+        stored_checkpoint_ = c;
       } else {
         node_->Trace("forwarder: cannot sync the checkpoint: " + s.ToString());
       }
     }
   }
   // As forwarder.cc: deleting does not wait for the checkpoint.
-  SetAsideDamagedSegments(w);
   std::vector<uint64_t> keep;
   for (const auto& [seq, damaged] : damaged_) keep.push_back(seq);
   int deleted = 0;
@@ -433,6 +436,12 @@ bool SimForwarder::OnJournalReadError(const Status& why, Clock::time_point now) 
   node_->Trace("forwarder: journal segment " + std::to_string(at.segment_seq) +
                " is damaged: " + why.ToString());
   return true;
+}
+
+JournalPosition SimForwarder::CheckpointWatermark() const {
+  return daemon::StorableCheckpoint(
+      window_->watermark(),
+      damaged_.empty() ? std::nullopt : std::optional(damaged_.begin()->second.at));
 }
 
 void SimForwarder::SetAsideDamagedSegments(JournalPosition watermark) {

@@ -174,6 +174,9 @@ class SimForwarder final : private FakeBroker::Handler {
   bool checkpoint_faulted() const { return checkpoint_faulted_; }
   // Damaged segments reported (found unreadable) so far.
   uint64_t damaged_reported() const { return damaged_reported_; }
+  // A damaged segment not yet set aside holds the checkpoint back
+  // (StorableCheckpoint): a crash now republishes more than a window.
+  bool checkpoint_held_by_damage() const { return CheckpointWatermark() < window_->watermark(); }
 
  private:
   void Connect(Clock::time_point now);
@@ -188,6 +191,7 @@ class SimForwarder final : private FakeBroker::Handler {
   bool OnJournalReadError(const Status& why, Clock::time_point now);
   // Forwarder::SetAsideDamagedSegments.
   void SetAsideDamagedSegments(JournalPosition watermark);
+  JournalPosition CheckpointWatermark() const;
   void MaybeCheckpoint(Clock::time_point now, bool force);
   // Forwarder::WriteWatermark: the watermark into the checkpoint's page
   // cache, before anything more is published.

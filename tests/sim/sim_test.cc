@@ -110,5 +110,18 @@ TEST(Simulation, ASeedReplaysExactly) {
   EXPECT_EQ(again.stats.ring, first.stats.ring);
 }
 
+// Seeds where, after a crash, the forwarder found a segment damaged, stored
+// a checkpoint past it before it was set aside (a crash or a power loss in
+// between), and the next process deleted it as confirmed. The checkpoint
+// now stops at a damaged segment until it is set aside (StorableCheckpoint).
+TEST(Simulation, CheckpointNeverPassesADamagedSegmentNotYetSetAside) {
+  for (uint64_t seed : {874, 1031, 1066}) {
+    SimOptions o;
+    o.seed = seed;
+    const SimResult r = RunSimulation(o);
+    EXPECT_TRUE(r.ok()) << DescribeFailure(r, o);
+  }
+}
+
 }  // namespace
 }  // namespace postspool::sim

@@ -281,6 +281,7 @@ class World {
   std::vector<uid_t> benign_uids_;
   uint32_t epoch_ = 0;
   std::set<uint32_t> power_loss_epochs_;  // epochs that began with a power loss
+  std::set<uint32_t> checkpoint_held_epochs_;   // ... while a damaged segment held the checkpoint
   std::set<uint32_t> checkpoint_fault_epochs_;  // ... with a checkpoint write failed
   bool faults_on_ = true;
   uint32_t client_kill_ppm_ = 0;
@@ -1456,6 +1457,7 @@ void World::Crash() {
   // watermark behind by more than a window: the bound holds only when the
   // last write worked.
   const bool checkpoint_faulted = dp_ && dp_->forwarder->checkpoint_faulted();
+  const bool checkpoint_held = dp_ && dp_->forwarder->checkpoint_held_by_damage();
   if (dp_) {
     dp_->loop->CrashInFlight();
     NoteRingMetrics(dp_->metrics);
@@ -1496,6 +1498,7 @@ void World::Crash() {
   // loses the checkpoint writes since its last sync (checkpoint_interval_ms).
   if (power_loss) power_loss_epochs_.insert(epoch_);
   if (checkpoint_faulted) checkpoint_fault_epochs_.insert(epoch_);
+  if (checkpoint_held) checkpoint_held_epochs_.insert(epoch_);
   broker_.set_epoch(epoch_);
   Trace("daemon crashed at %s%s (crash %" PRIu64 ")", point.c_str(),
         power_loss ? " with a power loss" : "", stats_.crashes);
@@ -1947,6 +1950,8 @@ SimResult World::Run() {
       stats_.Fault("exempt.duplicates_after_power_loss", d);
     } else if (exempt(checkpoint_fault_epochs_)) {
       stats_.Fault("exempt.duplicates_after_checkpoint_fault", d);
+    } else if (exempt(checkpoint_held_epochs_)) {
+      stats_.Fault("exempt.duplicates_after_checkpoint_held_by_damaged_segment", d);
     } else if (republished > config_.publish_window_max) {
       Fail(kDuplicatesInvariant,
            "restart " + std::to_string(e) + " caused " + std::to_string(d) + " duplicates (" +
