@@ -1,6 +1,7 @@
 // The simulation as a test: N seeded runs of the ingest logic against the
 // simulated node, clients, forwarder and broker (simulation.h).
-//   POSTSPOOL_SIM_SEEDS=N   runs seeds 1..N (default kDefaultSeeds)
+//   POSTSPOOL_SIM_SEEDS=N   runs N seeds (default kDefaultSeeds) from
+//   POSTSPOOL_SIM_FIRST_SEED=F (default 1): the suite runs shards in parallel
 //   POSTSPOOL_SIM_SEED=S    runs seed S only
 // Every failure prints its seed and the command that replays it.
 #include <gtest/gtest.h>
@@ -34,7 +35,11 @@ const Runs& AllRuns() {
     } else {
       uint64_t n = kDefaultSeeds;
       if (const char* s = std::getenv("POSTSPOOL_SIM_SEEDS")) n = std::strtoull(s, nullptr, 10);
-      for (uint64_t i = 1; i <= n; ++i) seeds.push_back(i);
+      uint64_t first = 1;
+      if (const char* f = std::getenv("POSTSPOOL_SIM_FIRST_SEED")) {
+        first = std::strtoull(f, nullptr, 10);
+      }
+      for (uint64_t i = first; i < first + n; ++i) seeds.push_back(i);
     }
     const auto start = std::chrono::steady_clock::now();
     for (uint64_t seed : seeds) {
