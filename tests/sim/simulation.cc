@@ -303,8 +303,14 @@ class World {
   std::set<LaneKey> scribbled_;
   // Journal segments DamageJournal made unreadable (a zero-length file, a
   // damaged header) while they held a post the broker had not confirmed:
-  // inode -> seq. The daemon must set them aside, never delete them.
-  std::map<SimFs::Ino, uint64_t> unreadable_segments_;
+  // inode -> seq and those posts. The daemon must set them aside, never
+  // delete them while one of those posts is unconfirmed (the forwarder may
+  // have read them before the damage: confirmed, the segment may go).
+  struct Unreadable {
+    uint64_t seq = 0;
+    std::vector<PostId> unconfirmed;
+  };
+  std::map<SimFs::Ino, Unreadable> unreadable_segments_;
   void CheckDamagedSegmentsKept(const std::string& when);
   // Posts published into a lane and maybe not journaled yet (end, id).
   std::map<LaneKey, std::deque<std::pair<uint64_t, PostId>>> lane_posts_;
@@ -1604,8 +1610,18 @@ void World::CheckDamagedSegmentsKept(const std::string& when) {
       ++it;
       continue;
     }
+    const auto& ledger = broker_.ledger();
+    const bool lost = std::any_of(it->second.unconfirmed.begin(), it->second.unconfirmed.end(),
+                                  [&ledger](const PostId& id) {
+                                    auto l = ledger.find(id);
+                                    return l == ledger.end() || !l->second.confirmed;
+                                  });
+    if (!lost) {
+      it = unreadable_segments_.erase(it);
+      continue;
+    }
     Fail("damaged_segment_kept",
-         "after " + when + ": journal segment " + std::to_string(it->second) +
+         "after " + when + ": journal segment " + std::to_string(it->second.seq) +
              " could not be read and held unconfirmed posts, and it was deleted instead of "
              "being set aside in damaged/");
     it = unreadable_segments_.erase(it);
@@ -1673,17 +1689,19 @@ void World::DamageJournal() {
     off = rng_.Below(segment::kHeaderChecksumOffset);
   }
   uint64_t hit = 0;
-  bool unconfirmed = false;
+  std::vector<PostId> unconfirmed;
   ReadRecords(in->data, 0, [&](const fb::Post& p, uint64_t at, uint64_t next) {
     if (at > hi || next <= lo) return;
     const PostId id{p.id()->hi(), p.id()->lo()};
     auto it = posts_.find(id);
     if (it != posts_.end()) it->second.damaged = true;
     auto l = broker_.ledger().find(id);
-    if (l == broker_.ledger().end() || !l->second.confirmed) unconfirmed = true;
+    if (l == broker_.ledger().end() || !l->second.confirmed) unconfirmed.push_back(id);
     ++hit;
   });
-  if (kind != 0 && unconfirmed) unreadable_segments_[ino] = seq;
+  if (kind != 0 && !unconfirmed.empty()) {
+    unreadable_segments_[ino] = Unreadable{seq, std::move(unconfirmed)};
+  }
   if (kind == 1) {
     in->data.clear();
     in->durable.clear();
