@@ -29,6 +29,7 @@
 #include "ring_files.h"
 #include "io_loop.h"
 #include "journal.h"
+#include "journal_port.h"
 #include "log.h"
 #include "log_limiter.h"
 #include "metrics.h"
@@ -175,54 +176,6 @@ class RealClock final : public ClockPort {
   }
 };
 
-// The JournalPort on the real journal: the JournalWriter, the usage the
-// forwarder shares, the commit channel to it, and its watermark.
-class RealJournal final : public JournalPort {
- public:
-  RealJournal(JournalWriter* writer, JournalUsage* usage, CommitChannel* commits)
-      : writer_(writer), usage_(usage), commits_(commits) {}
-  void set_forwarder(const Forwarder* f) { forwarder_ = f; }
-
-  bool NeedsSegment(uint64_t bytes) const override { return writer_->NeedsSegment(bytes); }
-  std::function<int64_t()> NewSegmentTask() override {
-    // The task runs on the loop's worker thread: it gets copies, and leaves
-    // its result where SegmentDone() (on the loop's thread, after the
-    // loop's completion handoff) takes it.
-    auto made = std::make_shared<NewJournalSegment>();
-    made_ = made;
-    return [made, dirfd = writer_->dirfd(), seq = writer_->next_seq(), sync = writer_->sync()] {
-      *made = CreateJournalSegment(dirfd, seq, sync);
-      return made->status.ok() ? int64_t{0} : int64_t{-1};
-    };
-  }
-  Status SegmentDone() override {
-    std::shared_ptr<NewJournalSegment> made = std::move(made_);
-    return writer_->Install(std::move(*made));
-  }
-  Status Reserve(uint64_t bytes, Slot* slot) override {
-    JournalWriter::Slot s;
-    if (Status st = writer_->Reserve(bytes, &s); !st.ok()) return st;
-    slot->fd = s.fd;
-    slot->position = s.position;
-    return Status::Ok();
-  }
-  JournalPosition Committed() override { return writer_->Committed(); }
-  void Abandon() override { writer_->Abandon(); }
-  JournalPosition end() const override { return writer_->end(); }
-  uint64_t bytes() const override { return usage_->bytes.load(std::memory_order_relaxed); }
-  JournalPosition watermark() const override {
-    return forwarder_ != nullptr ? forwarder_->watermark() : JournalPosition{};
-  }
-  void Publish(JournalPosition committed) override { commits_->Publish(committed); }
-
- private:
-  JournalWriter* writer_;
-  JournalUsage* usage_;
-  CommitChannel* commits_;
-  const Forwarder* forwarder_ = nullptr;
-  std::shared_ptr<NewJournalSegment> made_;  // of the segment task in flight
-};
-
 uint64_t RandomU64() {
   uint64_t v = 0;
   while (::getrandom(&v, sizeof v, 0) != static_cast<ssize_t>(sizeof v)) {
@@ -264,7 +217,7 @@ class Daemon {
   RealSpoolDir spool_dir_;
   UniqueFd journal_lock_;  // before the journal and forwarder: released last
   std::unique_ptr<JournalWriter> journal_;
-  std::unique_ptr<RealJournal> journal_port_;
+  std::unique_ptr<WriterJournalPort> journal_port_;
   std::unique_ptr<Forwarder> forwarder_;
   std::unique_ptr<RealRings> rings_;
   std::unique_ptr<Ingest> ingest_;
@@ -321,7 +274,8 @@ Status Daemon::Start() {
   if (Status s = spool_dir_.Open(config_.spool_dir, config_.quarantine_dir); !s.ok()) {
     return Status(s.code(), "spool: " + s.message());
   }
-  journal_port_ = std::make_unique<RealJournal>(journal_.get(), &usage_, &commits_);
+  journal_port_ = std::make_unique<WriterJournalPort>(
+      journal_.get(), &usage_, [this](JournalPosition end) { commits_.Publish(end); });
 
   RecentIds::Key key;
   for (size_t i = 0; i < key.size(); i += sizeof(uint64_t)) {
@@ -354,7 +308,8 @@ Status Daemon::Start() {
 
   forwarder_ = std::make_unique<Forwarder>(config_, journal_->dirfd(), &commits_, &usage_, &metrics_);
   if (Status s = forwarder_->Start(); !s.ok()) return Status(s.code(), "forwarder: " + s.message());
-  journal_port_->set_forwarder(forwarder_.get());
+  journal_port_->set_watermark(
+      [forwarder = forwarder_.get()] { return forwarder->watermark(); });
 
   IoLoopOptions lo;
   lo.packet_bytes_max = wire::kRequestBytesMax;

@@ -775,9 +775,15 @@ Status Forwarder::Republish(const PublishWindow::Due& due, Clock::time_point now
   return Status::Ok();
 }
 
+JournalPosition Forwarder::CheckpointWatermark() const {
+  return StorableCheckpoint(window_->watermark(),
+                            damaged_.empty() ? std::nullopt
+                                             : std::optional(damaged_.begin()->second.at));
+}
+
 void Forwarder::WriteWatermark() {
   PublishWatermark();
-  const JournalPosition w = window_->watermark();
+  const JournalPosition w = CheckpointWatermark();
   if (!checkpoint_ || w == written_checkpoint_) return;
   if (Status s = checkpoint_->Store(w); !s.ok()) {
     if (!checkpoint_error_logged_) {
@@ -797,10 +803,14 @@ void Forwarder::MaybeCheckpoint(Clock::time_point now, bool force) {
   if (w == stored_checkpoint_ && w == cleaned_at_) return;
   if (!force && now < next_checkpoint_at_) return;
   next_checkpoint_at_ = now + milliseconds(config_.checkpoint_interval_ms);
+  // Damaged segments are set aside first: one still in place bounds the
+  // checkpoint (StorableCheckpoint).
+  SetAsideDamagedSegments(w);
+  const JournalPosition c = CheckpointWatermark();
   if (!checkpoint_) {
-    if (Status s = Checkpoint::Open(dirfd_, w, &checkpoint_); s.ok()) {
+    if (Status s = Checkpoint::Open(dirfd_, c, &checkpoint_); s.ok()) {
       PS_LOG_INFO("forwarder: created the journal checkpoint file");
-      written_checkpoint_ = w;
+      written_checkpoint_ = c;
       checkpoint_open_error_logged_ = false;
     } else if (!checkpoint_open_error_logged_) {
       PS_LOG_ERROR("forwarder: cannot create the journal checkpoint file in %s: %s; trying "
@@ -810,13 +820,13 @@ void Forwarder::MaybeCheckpoint(Clock::time_point now, bool force) {
       checkpoint_open_error_logged_ = true;
     }
   }
-  if (checkpoint_ && w != stored_checkpoint_) {
+  if (checkpoint_ && c != stored_checkpoint_) {
     WriteWatermark();
-    Status s = written_checkpoint_ == w ? checkpoint_->Sync()
+    Status s = written_checkpoint_ == c ? checkpoint_->Sync()
                                         : Status(StatusCode::kIoError, "not written");
     if (s.ok()) {
       checkpoint_error_logged_ = false;
-      stored_checkpoint_ = w;
+      stored_checkpoint_ = c;
     } else if (!checkpoint_error_logged_) {
       PS_LOG_ERROR("forwarder: cannot store the journal checkpoint: %s; trying every %u ms",
                    s.ToString().c_str(), config_.checkpoint_interval_ms);
@@ -827,7 +837,6 @@ void Forwarder::MaybeCheckpoint(Clock::time_point now, bool force) {
   // with no checkpoint file, deleting is what makes room for one. With one,
   // it comes after the sync, so that a power loss rarely finds a stored
   // watermark in a deleted segment (which costs duplicates, not posts).
-  SetAsideDamagedSegments(w);
   std::vector<uint64_t> keep;
   for (const auto& [seq, damaged] : damaged_) keep.push_back(seq);
   int deleted = 0;

@@ -224,6 +224,8 @@ class Forwarder final : private AmqpSession::Handler {
   // Checkpoint and watermark.
   // Writes the watermark into the checkpoint (no sync) if it moved.
   void WriteWatermark();
+  // The watermark, bounded by the oldest damaged segment not yet set aside.
+  JournalPosition CheckpointWatermark() const;
   void MaybeCheckpoint(Clock::time_point now, bool force);
   void PublishWatermark();
   bool Drained() const;

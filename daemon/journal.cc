@@ -1,6 +1,5 @@
 #include "journal.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/eventfd.h>
 #include <sys/file.h>
@@ -9,6 +8,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <array>
 #include <cassert>
 #include <cerrno>
 #include <cstdio>
@@ -75,26 +75,74 @@ CheckpointSlot NewestCheckpointSlot(const std::byte* file) {
   return best;
 }
 
-Status ReadWhole(int fd, std::byte* buf, size_t size, size_t* got) {
+Status ReadWhole(Storage* storage, int fd, std::byte* buf, size_t size, size_t* got) {
   *got = 0;
   while (*got < size) {
-    const ssize_t n = ::pread(fd, buf + *got, size - *got, static_cast<off_t>(*got));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Status::FromErrno(errno, "read journal checkpoint");
+    size_t n = 0;
+    if (Status s = storage->ReadAt(fd, *got, std::span(buf + *got, size - *got), &n); !s.ok()) {
+      return Status::FromErrno(s.sys_errno(), "read journal checkpoint");
+    }
     if (n == 0) break;
-    *got += static_cast<size_t>(n);
+    *got += n;
   }
   return Status::Ok();
 }
 
-Status SegmentBytesOnDisk(int dirfd, const std::string& name, uint64_t* bytes) {
-  struct stat st;
-  if (::fstatat(dirfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
-    return Status::FromErrno(errno, "stat " + name);
+// pwrite until all of `bytes` is written; a write that makes no progress is
+// ENOSPC.
+Status WriteWhole(Storage* storage, int fd, uint64_t offset, std::span<const std::byte> bytes,
+                  const char* what) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    size_t n = 0;
+    Status s = storage->WriteAt(fd, offset + done, bytes.subspan(done), &n);
+    if (!s.ok() || n == 0) return Status::FromErrno(!s.ok() ? s.sys_errno() : ENOSPC, what);
+    done += n;
   }
-  *bytes = static_cast<uint64_t>(st.st_size);
   return Status::Ok();
 }
+
+Status SegmentBytesOnDisk(Storage* storage, int dirfd, const std::string& name, uint64_t* bytes) {
+  FileInfo info;
+  if (Status s = storage->StatAt(dirfd, name, &info); !s.ok()) return s;
+  *bytes = info.size;
+  return Status::Ok();
+}
+
+// A segment::Source reading through the Storage (segment::FileSource over
+// pread, as the reader had before the port).
+class StorageSource final : public segment::Source {
+ public:
+  static Status Open(Storage* storage, int fd, uint64_t size_max,
+                     std::unique_ptr<segment::Source>* out) {
+    FileInfo info;
+    if (Status s = storage->Stat(fd, &info); !s.ok()) return s;
+    out->reset(new StorageSource(storage, fd, std::min(info.size, size_max)));
+    return Status::Ok();
+  }
+  uint64_t size() const override { return size_; }
+  Status ReadAt(uint64_t offset, std::span<std::byte> out, size_t* got) override {
+    *got = 0;
+    if (offset >= size_) return Status::Ok();
+    out = out.first(std::min<uint64_t>(out.size(), size_ - offset));
+    while (*got < out.size()) {
+      size_t n = 0;
+      if (Status s = storage_->ReadAt(fd_, offset + *got, out.subspan(*got), &n); !s.ok()) {
+        return s;
+      }
+      if (n == 0) break;
+      *got += n;
+    }
+    return Status::Ok();
+  }
+
+ private:
+  StorageSource(Storage* storage, int fd, uint64_t size)
+      : storage_(storage), fd_(fd), size_(size) {}
+  Storage* storage_;
+  int fd_;
+  uint64_t size_;
+};
 
 bool ParseSegmentName(const char* name, uint64_t* seq) {
   unsigned long long v = 0;
@@ -113,20 +161,16 @@ std::string JournalSegmentName(uint64_t seq) {
   return buf;
 }
 
-Status ListJournalSegments(int dirfd, std::vector<uint64_t>* seqs) {
+Status ListJournalSegments(int dirfd, std::vector<uint64_t>* seqs, Storage* storage) {
   seqs->clear();
-  const int fd = ::openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno(errno, "open journal directory");
-  DIR* d = ::fdopendir(fd);
-  if (d == nullptr) {
-    ::close(fd);
-    return Status::FromErrno(errno, "list journal directory");
+  std::vector<std::string> names;
+  if (Status s = storage->List(dirfd, &names); !s.ok()) {
+    return Status::FromErrno(s.sys_errno(), "list journal directory");
   }
-  while (dirent* e = ::readdir(d)) {
+  for (const std::string& name : names) {
     uint64_t seq;
-    if (ParseSegmentName(e->d_name, &seq)) seqs->push_back(seq);
+    if (ParseSegmentName(name.c_str(), &seq)) seqs->push_back(seq);
   }
-  ::closedir(d);
   std::sort(seqs->begin(), seqs->end());
   return Status::Ok();
 }
@@ -153,7 +197,7 @@ void CommitChannel::Drain() {
   [[maybe_unused]] ssize_t n = ::read(event_fd_.get(), &v, sizeof v);
 }
 
-JournalWriter::JournalWriter(Options options, UniqueFd dirfd, JournalUsage* usage,
+JournalWriter::JournalWriter(Options options, StorageFd dirfd, JournalUsage* usage,
                              uint64_t next_seq)
     : options_(std::move(options)),
       dirfd_(std::move(dirfd)),
@@ -163,15 +207,19 @@ JournalWriter::JournalWriter(Options options, UniqueFd dirfd, JournalUsage* usag
 
 Status JournalWriter::Open(const Options& options, JournalUsage* usage,
                            std::unique_ptr<JournalWriter>* out) {
-  UniqueFd dirfd(::open(options.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!dirfd.valid()) return Status::FromErrno(errno, "open journal directory " + options.dir);
+  Storage* storage = options.storage;
+  int raw_dirfd = -1;
+  if (Status s = storage->OpenDirectory(options.dir, &raw_dirfd); !s.ok()) {
+    return Status::FromErrno(s.sys_errno(), "open journal directory " + options.dir);
+  }
+  StorageFd dirfd(storage, raw_dirfd);
   std::vector<uint64_t> seqs;
-  if (Status s = ListJournalSegments(dirfd.get(), &seqs); !s.ok()) return s;
+  if (Status s = ListJournalSegments(dirfd.get(), &seqs, storage); !s.ok()) return s;
   uint64_t bytes = 0;
   for (uint64_t seq : seqs) {
-    struct stat st;
-    if (::fstatat(dirfd.get(), JournalSegmentName(seq).c_str(), &st, 0) == 0) {
-      bytes += static_cast<uint64_t>(st.st_size);
+    uint64_t size = 0;
+    if (SegmentBytesOnDisk(storage, dirfd.get(), JournalSegmentName(seq), &size).ok()) {
+      bytes += size;
     }
   }
   usage->bytes.store(bytes);
@@ -183,32 +231,32 @@ Status JournalWriter::Open(const Options& options, JournalUsage* usage,
   // this guard (the forwarder then starts from the oldest segment anyway).
   uint64_t next = seqs.empty() ? 1 : seqs.back() + 1;
   JournalPosition checkpoint;
-  if (Checkpoint::Load(dirfd.get(), &checkpoint).ok()) {
+  if (Checkpoint::Load(dirfd.get(), &checkpoint, storage).ok()) {
     next = std::max(next, checkpoint.segment_seq + 1);
   }
   out->reset(new JournalWriter(options, std::move(dirfd), usage, next));
   return Status::Ok();
 }
 
-NewJournalSegment CreateJournalSegment(int dirfd, uint64_t seq, bool sync) {
+NewJournalSegment CreateJournalSegment(int dirfd, uint64_t seq, bool sync, Storage* storage) {
   NewJournalSegment out;
   out.seq = seq;
   const std::string name = JournalSegmentName(seq);
+  std::array<std::byte, segment::kHeaderBytes> header;
+  segment::EncodeHeader(segment::NewHeader(seq), header);
   // The journal is the daemon's: 0600. The name never shows a partial
   // header; with `sync` the header and the directory entry also survive a
-  // power loss.
-  out.status = segment::CreateSegment(dirfd, name, segment::NewHeader(seq), 0600, sync, &out.fd);
-  // Appends go through pwrite at offsets the writer tracks, so that io_uring
-  // can write them; the descriptor must not be O_APPEND.
-  if (out.status.ok() && ::fcntl(out.fd.get(), F_SETFL, 0) != 0) {
-    out.status = Status::FromErrno(errno, "fcntl journal");
-  }
+  // power loss. Appends go through pwrite at offsets the writer tracks, so
+  // that io_uring can write them: the descriptor is not O_APPEND.
+  int fd = -1;
+  out.status = storage->CreateComplete(dirfd, name, header, 0600, sync, &fd);
+  out.fd = StorageFd(storage, fd);
   if (!out.status.ok()) {
     out.fd.reset();
     // A failure after the name was linked (syncing the directory) leaves a
     // segment holding only its header: it counts, and its seq is used up,
     // or every later attempt would fail with EEXIST.
-    out.name_used = SegmentBytesOnDisk(dirfd, name, &out.bytes_on_disk).ok();
+    out.name_used = SegmentBytesOnDisk(storage, dirfd, name, &out.bytes_on_disk).ok();
   } else {
     out.name_used = true;
     out.bytes_on_disk = segment::kHeaderBytes;
@@ -236,7 +284,9 @@ bool JournalWriter::NeedsSegment(uint64_t bytes) const {
 Status JournalWriter::Reserve(uint64_t bytes, Slot* slot) {
   assert(!reservation_open_);
   if (NeedsSegment(bytes)) {
-    if (Status s = Install(CreateJournalSegment(dirfd_.get(), next_seq_, options_.sync)); !s.ok()) {
+    if (Status s = Install(CreateJournalSegment(dirfd_.get(), next_seq_, options_.sync,
+                                                options_.storage));
+        !s.ok()) {
       return s;
     }
   }
@@ -264,7 +314,7 @@ void JournalWriter::Abandon() {
   // spooled copies of posts whose journal copy a power loss then takes (and
   // the forwarder would publish posts whose clients were told to spool
   // them). Best effort: the segment is finished either way.
-  if (fd_.valid()) (void)::ftruncate(fd_.get(), static_cast<off_t>(end_.offset));
+  if (fd_.valid()) options_.storage->Truncate(fd_.get(), end_.offset).IgnoreError();
   fd_.reset();
 }
 
@@ -272,29 +322,24 @@ Status JournalWriter::Append(std::span<const std::byte> records, bool sync,
                              JournalPosition* first) {
   Slot slot;
   if (Status s = Reserve(records.size(), &slot); !s.ok()) return s;
-  size_t done = 0;
-  while (done < records.size()) {
-    const ssize_t n = ::pwrite(slot.fd, records.data() + done, records.size() - done,
-                               static_cast<off_t>(slot.position.offset + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = n < 0 ? errno : ENOSPC;
-      Abandon();
-      return Status::FromErrno(err, "write journal");
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (sync && ::fdatasync(slot.fd) != 0) {
-    const int err = errno;
+  if (Status s = WriteWhole(options_.storage, slot.fd, slot.position.offset, records,
+                            "write journal");
+      !s.ok()) {
     Abandon();
-    return Status::FromErrno(err, "sync journal");
+    return s;
+  }
+  if (sync) {
+    if (Status s = options_.storage->SyncData(slot.fd); !s.ok()) {
+      Abandon();
+      return Status::FromErrno(s.sys_errno(), "sync journal");
+    }
   }
   Committed();
   if (first) *first = slot.position;
   return Status::Ok();
 }
 
-JournalReader::JournalReader(int dirfd) : dirfd_(dirfd) {}
+JournalReader::JournalReader(int dirfd, Storage* storage) : dirfd_(dirfd), storage_(storage) {}
 
 void JournalReader::Seek(JournalPosition pos) {
   pos_ = pos;
@@ -308,8 +353,11 @@ Status JournalReader::OpenSegment(uint64_t seq, uint64_t offset, JournalPosition
   source_.reset();
   const std::string name = JournalSegmentName(seq);
   if (!fd_.valid() || open_seq_ != seq) {
-    fd_.reset(::openat(dirfd_, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
-    if (!fd_.valid()) return Status::FromErrno(errno, "open " + name);
+    int fd = -1;
+    if (Status s = storage_->OpenAt(dirfd_, name, Storage::OpenMode::kRead, &fd); !s.ok()) {
+      return Status::FromErrno(s.sys_errno(), "open " + name);
+    }
+    fd_ = StorageFd(storage_, fd);
     open_seq_ = seq;
   }
   const uint64_t size_max = seq == limit.segment_seq ? limit.offset : UINT64_MAX;
@@ -321,9 +369,7 @@ Status JournalReader::OpenSegment(uint64_t seq, uint64_t offset, JournalPosition
   if (source_factory_) {
     s = source_factory_(fd_.get(), seq, size_max, &source_);
   } else {
-    std::unique_ptr<segment::FileSource> file;
-    s = segment::FileSource::Open(fd_.get(), &file, size_max);
-    source_ = std::move(file);
+    s = StorageSource::Open(storage_, fd_.get(), size_max, &source_);
   }
   if (!s.ok()) return named(s);
   segment::ReaderOptions options;
@@ -351,7 +397,7 @@ Status JournalReader::Next(JournalPosition limit, Entry* entry, bool* got) {
     if (pos_.segment_seq == 0) {
       // Before the first segment: start at the oldest one there is.
       std::vector<uint64_t> seqs;
-      if (Status s = ListJournalSegments(dirfd_, &seqs); !s.ok()) return s;
+      if (Status s = ListJournalSegments(dirfd_, &seqs, storage_); !s.ok()) return s;
       auto it = std::lower_bound(seqs.begin(), seqs.end(), uint64_t{1});
       if (it == seqs.end()) return Status::Ok();
       pos_ = JournalPosition{*it, segment::kHeaderBytes};
@@ -363,7 +409,7 @@ Status JournalReader::Next(JournalPosition limit, Entry* entry, bool* got) {
       if (s.code() == StatusCode::kNotFound) {
         // Gone or never there: go on with the next segment that exists.
         std::vector<uint64_t> seqs;
-        if (Status ls = ListJournalSegments(dirfd_, &seqs); !ls.ok()) return ls;
+        if (Status ls = ListJournalSegments(dirfd_, &seqs, storage_); !ls.ok()) return ls;
         auto it = std::upper_bound(seqs.begin(), seqs.end(), pos_.segment_seq);
         if (it == seqs.end() || *it > limit.segment_seq) return Status::Ok();
         pos_ = JournalPosition{*it, segment::kHeaderBytes};
@@ -407,18 +453,22 @@ Status JournalReader::Next(JournalPosition limit, Entry* entry, bool* got) {
   }
 }
 
-Status Checkpoint::Load(int dirfd, JournalPosition* pos) {
+Status Checkpoint::Load(int dirfd, JournalPosition* pos, Storage* storage) {
   *pos = JournalPosition{};
-  UniqueFd fd(::openat(dirfd, kCheckpointName, O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
-  if (!fd.valid()) {
-    if (errno == ENOENT) return Status::Ok();
-    return Status::FromErrno(errno, "open journal checkpoint");
+  int raw_fd = -1;
+  if (Status s = storage->OpenAt(dirfd, kCheckpointName, Storage::OpenMode::kRead, &raw_fd);
+      !s.ok()) {
+    if (s.sys_errno() == ENOENT) return Status::Ok();
+    return Status::FromErrno(s.sys_errno(), "open journal checkpoint");
   }
+  StorageFd fd(storage, raw_fd);
   // One byte more than a version 2 file: a longer file is not one.
   static_assert(kCheckpointFileBytes > kCheckpointV1Bytes);
   auto raw = std::make_unique<std::byte[]>(kCheckpointFileBytes + 1);
   size_t n = 0;
-  if (Status s = ReadWhole(fd.get(), raw.get(), kCheckpointFileBytes + 1, &n); !s.ok()) return s;
+  if (Status s = ReadWhole(storage, fd.get(), raw.get(), kCheckpointFileBytes + 1, &n); !s.ok()) {
+    return s;
+  }
   if (n == kCheckpointFileBytes) {
     const CheckpointSlot slot = NewestCheckpointSlot(raw.get());
     if (!slot.valid) {
@@ -437,24 +487,33 @@ Status Checkpoint::Load(int dirfd, JournalPosition* pos) {
   return Status::Ok();
 }
 
-Status Checkpoint::Open(int dirfd, JournalPosition pos, std::unique_ptr<Checkpoint>* out) {
+Status Checkpoint::Open(int dirfd, JournalPosition pos, std::unique_ptr<Checkpoint>* out,
+                        Storage* storage) {
   {
-    UniqueFd fd(::openat(dirfd, kCheckpointName, O_RDWR | O_NOFOLLOW | O_CLOEXEC));
-    if (!fd.valid() && errno != ENOENT) return Status::FromErrno(errno, "open journal checkpoint");
-    struct stat st;
-    if (fd.valid() && ::fstat(fd.get(), &st) != 0) {
-      return Status::FromErrno(errno, "stat journal checkpoint");
+    int raw_fd = -1;
+    const Status opened =
+        storage->OpenAt(dirfd, kCheckpointName, Storage::OpenMode::kReadWrite, &raw_fd);
+    if (!opened.ok() && opened.sys_errno() != ENOENT) {
+      return Status::FromErrno(opened.sys_errno(), "open journal checkpoint");
     }
-    if (fd.valid() && S_ISREG(st.st_mode) &&
-        static_cast<uint64_t>(st.st_size) == kCheckpointFileBytes) {
+    StorageFd fd(storage, opened.ok() ? raw_fd : -1);
+    FileInfo st;
+    if (fd.valid()) {
+      if (Status s = storage->Stat(fd.get(), &st); !s.ok()) {
+        return Status::FromErrno(s.sys_errno(), "stat journal checkpoint");
+      }
+    }
+    if (fd.valid() && st.regular && st.size == kCheckpointFileBytes) {
       // Ours already: go on from its newest slot (a damaged file is reused
       // as it is; its slots are rewritten by the next stores).
       auto raw = std::make_unique<std::byte[]>(kCheckpointFileBytes);
       size_t n = 0;
-      if (Status s = ReadWhole(fd.get(), raw.get(), kCheckpointFileBytes, &n); !s.ok()) return s;
+      if (Status s = ReadWhole(storage, fd.get(), raw.get(), kCheckpointFileBytes, &n); !s.ok()) {
+        return s;
+      }
       const CheckpointSlot slot = n == kCheckpointFileBytes ? NewestCheckpointSlot(raw.get())
                                                             : CheckpointSlot{};
-      out->reset(new Checkpoint(std::move(fd), slot.valid ? slot.generation : 0));
+      out->reset(new Checkpoint(storage, std::move(fd), slot.valid ? slot.generation : 0));
       return Status::Ok();
     }
   }
@@ -466,30 +525,34 @@ Status Checkpoint::Open(int dirfd, JournalPosition pos, std::unique_ptr<Checkpoi
   std::byte slot[kCheckpointSlotBytes];
   EncodeCheckpointSlot(1, pos, slot);
   std::memcpy(raw.get() + kCheckpointSlotStride, slot, sizeof slot);  // generation 1: slot 1
-  UniqueFd fd(::openat(dirfd, kCheckpointNewName,
-                       O_RDWR | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600));
-  if (!fd.valid()) return Status::FromErrno(errno, "create journal checkpoint");
-  const auto fail = [dirfd](Status s) {
-    ::unlinkat(dirfd, kCheckpointNewName, 0);
+  int raw_fd = -1;
+  if (Status s =
+          storage->OpenAt(dirfd, kCheckpointNewName, Storage::OpenMode::kCreateReadWrite, &raw_fd);
+      !s.ok()) {
+    return Status::FromErrno(s.sys_errno(), "create journal checkpoint");
+  }
+  StorageFd fd(storage, raw_fd);
+  const auto fail = [dirfd, storage](Status s) {
+    storage->Unlink(dirfd, kCheckpointNewName).IgnoreError();
     return s;
   };
-  size_t done = 0;
-  while (done < kCheckpointFileBytes) {
-    const ssize_t n = ::pwrite(fd.get(), raw.get() + done, kCheckpointFileBytes - done,
-                               static_cast<off_t>(done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return fail(Status::FromErrno(n < 0 ? errno : ENOSPC, "write journal checkpoint"));
-    done += static_cast<size_t>(n);
+  if (Status s = WriteWhole(storage, fd.get(), 0, std::span(raw.get(), kCheckpointFileBytes),
+                            "write journal checkpoint");
+      !s.ok()) {
+    return fail(s);
   }
   // Both blocks are allocated now: later stores allocate nothing.
-  if (::fdatasync(fd.get()) != 0) {
-    return fail(Status::FromErrno(errno, "sync journal checkpoint"));
+  if (Status s = storage->SyncData(fd.get()); !s.ok()) {
+    return fail(Status::FromErrno(s.sys_errno(), "sync journal checkpoint"));
   }
-  if (::renameat(dirfd, kCheckpointNewName, dirfd, kCheckpointName) != 0) {
-    return fail(Status::FromErrno(errno, "rename journal checkpoint"));
+  if (Status s = storage->Rename(dirfd, kCheckpointNewName, dirfd, kCheckpointName, false);
+      !s.ok()) {
+    return fail(Status::FromErrno(s.sys_errno(), "rename journal checkpoint"));
   }
-  if (::fsync(dirfd) != 0) return Status::FromErrno(errno, "sync journal directory");
-  out->reset(new Checkpoint(std::move(fd), 1));
+  if (Status s = storage->SyncDirectory(dirfd); !s.ok()) {
+    return Status::FromErrno(s.sys_errno(), "sync journal directory");
+  }
+  out->reset(new Checkpoint(storage, std::move(fd), 1));
   return Status::Ok();
 }
 
@@ -498,16 +561,19 @@ Status Checkpoint::Store(JournalPosition pos) {
   std::byte raw[kCheckpointSlotBytes];
   EncodeCheckpointSlot(generation, pos, raw);
   const off_t at = static_cast<off_t>((generation & 1) * kCheckpointSlotStride);
-  const ssize_t n = ::pwrite(fd_.get(), raw, sizeof raw, at);
-  if (n != static_cast<ssize_t>(sizeof raw)) {
-    return Status::FromErrno(n < 0 ? errno : EIO, "write journal checkpoint");
+  size_t n = 0;
+  const Status s = storage_->WriteAt(fd_.get(), static_cast<uint64_t>(at), raw, &n);
+  if (!s.ok() || n != sizeof raw) {
+    return Status::FromErrno(!s.ok() ? s.sys_errno() : EIO, "write journal checkpoint");
   }
   generation_ = generation;
   return Status::Ok();
 }
 
 Status Checkpoint::Sync() {
-  if (::fdatasync(fd_.get()) != 0) return Status::FromErrno(errno, "sync journal checkpoint");
+  if (Status s = storage_->SyncData(fd_.get()); !s.ok()) {
+    return Status::FromErrno(s.sys_errno(), "sync journal checkpoint");
+  }
   return Status::Ok();
 }
 
@@ -542,45 +608,45 @@ Status LockJournalDir(const std::string& journal_dir, UniqueFd* lock) {
   return Status::Ok();
 }
 
+JournalPosition StorableCheckpoint(JournalPosition watermark,
+                                   std::optional<JournalPosition> damaged_at) {
+  return damaged_at ? std::min(watermark, *damaged_at) : watermark;
+}
+
 Status SetAsideDamagedSegment(int dirfd, uint64_t seq, JournalUsage* usage,
-                              std::string* moved_to) {
+                              std::string* moved_to, Storage* storage) {
   const std::string name = JournalSegmentName(seq);
   uint64_t bytes = 0;
-  if (Status s = SegmentBytesOnDisk(dirfd, name, &bytes); !s.ok()) return s;
-  bool created = ::mkdirat(dirfd, kDamagedDirName, 0700) == 0;
-  if (!created && errno != EEXIST) {
-    return Status::FromErrno(errno, std::string("create ") + kDamagedDirName + "/");
-  }
-  UniqueFd damaged(
-      ::openat(dirfd, kDamagedDirName, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  if (!damaged.valid()) {
-    return Status::FromErrno(errno, std::string("open ") + kDamagedDirName + "/");
-  }
+  if (Status s = SegmentBytesOnDisk(storage, dirfd, name, &bytes); !s.ok()) return s;
   // Whatever the umask: only the daemon may read what it kept aside.
-  if (created && ::fchmod(damaged.get(), 0700) != 0) {
-    return Status::FromErrno(errno, std::string("chmod ") + kDamagedDirName + "/");
+  if (Status s = storage->MakeDirectory(dirfd, kDamagedDirName, 0700);
+      !s.ok() && s.code() != StatusCode::kAlreadyExists) {
+    return s;
   }
+  int raw_damaged = -1;
+  if (Status s = storage->OpenAt(dirfd, kDamagedDirName, Storage::OpenMode::kDirectory,
+                                 &raw_damaged);
+      !s.ok()) {
+    return Status::FromErrno(s.sys_errno(), std::string("open ") + kDamagedDirName + "/");
+  }
+  StorageFd damaged(storage, raw_damaged);
   constexpr int kSuffixesMax = 1000;
   for (int i = 0; i < kSuffixesMax; ++i) {
     const std::string target = i == 0 ? name : name + "." + std::to_string(i);
-    int rc = ::renameat2(dirfd, name.c_str(), damaged.get(), target.c_str(), RENAME_NOREPLACE);
-    if (rc != 0 && errno == EINVAL) {
-      // A filesystem without RENAME_NOREPLACE: link() never replaces either.
-      rc = ::linkat(dirfd, name.c_str(), damaged.get(), target.c_str(), 0);
-      if (rc == 0 && ::unlinkat(dirfd, name.c_str(), 0) != 0) {
-        const int err = errno;
-        ::unlinkat(damaged.get(), target.c_str(), 0);
-        return Status::FromErrno(err, "unlink " + name);
-      }
-    }
-    if (rc != 0) {
-      if (errno == EEXIST) continue;
-      return Status::FromErrno(errno, "move " + name + " to " + kDamagedDirName + "/");
+    if (Status s = storage->Rename(dirfd, name, damaged.get(), target, /*noreplace=*/true);
+        !s.ok()) {
+      if (s.code() == StatusCode::kAlreadyExists) continue;
+      return Status::FromErrno(s.sys_errno(),
+                               "move " + name + " to " + kDamagedDirName + "/");
     }
     usage->bytes.fetch_sub(std::min(bytes, usage->bytes.load()));
     *moved_to = std::string(kDamagedDirName) + "/" + target;
-    if (::fsync(damaged.get()) != 0) return Status::FromErrno(errno, "sync damaged/");
-    if (::fsync(dirfd) != 0) return Status::FromErrno(errno, "sync journal directory");
+    if (Status s = storage->SyncDirectory(damaged.get()); !s.ok()) {
+      return Status::FromErrno(s.sys_errno(), "sync damaged/");
+    }
+    if (Status s = storage->SyncDirectory(dirfd); !s.ok()) {
+      return Status::FromErrno(s.sys_errno(), "sync journal directory");
+    }
     return Status::Ok();
   }
   return Status(StatusCode::kAlreadyExists, std::string(kDamagedDirName) + "/ holds " +
@@ -589,20 +655,19 @@ Status SetAsideDamagedSegment(int dirfd, uint64_t seq, JournalUsage* usage,
 }
 
 Status DeleteConfirmedSegments(int dirfd, JournalPosition watermark, JournalUsage* usage,
-                               int* deleted, std::span<const uint64_t> keep) {
+                               int* deleted, std::span<const uint64_t> keep, Storage* storage) {
   *deleted = 0;
   std::vector<uint64_t> seqs;
-  if (Status s = ListJournalSegments(dirfd, &seqs); !s.ok()) return s;
+  if (Status s = ListJournalSegments(dirfd, &seqs, storage); !s.ok()) return s;
   for (uint64_t seq : seqs) {
     if (seq >= watermark.segment_seq) break;
     if (std::find(keep.begin(), keep.end(), seq) != keep.end()) continue;
     const std::string name = JournalSegmentName(seq);
-    struct stat st;
-    const uint64_t size = ::fstatat(dirfd, name.c_str(), &st, 0) == 0
-                              ? static_cast<uint64_t>(st.st_size) : 0;
-    if (::unlinkat(dirfd, name.c_str(), 0) != 0) {
-      if (errno == ENOENT) continue;
-      return Status::FromErrno(errno, "delete " + name);
+    uint64_t size = 0;
+    if (!SegmentBytesOnDisk(storage, dirfd, name, &size).ok()) size = 0;
+    if (Status s = storage->Unlink(dirfd, name); !s.ok()) {
+      if (s.code() == StatusCode::kNotFound) continue;
+      return Status::FromErrno(s.sys_errno(), "delete " + name);
     }
     usage->bytes.fetch_sub(std::min(size, usage->bytes.load()));
     ++*deleted;

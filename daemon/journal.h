@@ -10,6 +10,10 @@
 //                                      aside for a person to look at
 //                                      (SetAsideDamagedSegment); never deleted
 //
+// Every file system call goes through a Storage (storage.h): the daemon's is
+// SystemStorage(), the simulation's a simulated disk. `storage` arguments
+// default to SystemStorage() and must outlive what they are given to.
+//
 // Threads: one JournalWriter, used by the ingest loop; one JournalReader and
 // the Checkpoint, used by the forwarder; CommitChannel and JournalUsage are
 // shared between the two.
@@ -22,12 +26,14 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "segment_reader.h"
 #include "status.h"
+#include "storage.h"
 #include "unique_fd.h"
 
 namespace postspool::daemon {
@@ -40,7 +46,8 @@ struct JournalPosition {
 
 std::string JournalSegmentName(uint64_t seq);
 // Sorted sequence numbers of the segments in the journal directory.
-Status ListJournalSegments(int dirfd, std::vector<uint64_t>* seqs);
+Status ListJournalSegments(int dirfd, std::vector<uint64_t>* seqs,
+                           Storage* storage = SystemStorage());
 
 // Makes sure that only one daemon uses `journal_dir`: takes a non-blocking
 // exclusive flock on `journal_dir/lock` (created 0600, opened O_NOFOLLOW)
@@ -80,7 +87,7 @@ class CommitChannel {
 // JournalWriter::Install (on the writer's).
 struct NewJournalSegment {
   uint64_t seq = 0;
-  UniqueFd fd;  // open O_RDWR, not O_APPEND (the loop writes at offsets)
+  StorageFd fd;  // open O_RDWR, not O_APPEND (the loop writes at offsets)
   Status status;
   // The name exists (even if a later step failed): its seq is used up, and
   // its bytes count.
@@ -92,7 +99,8 @@ struct NewJournalSegment {
 // with `sync` the header and the name are durable). Touches nothing but the
 // file system: the io_uring backend runs it on its worker thread, so that
 // the ingest loop never waits for it.
-NewJournalSegment CreateJournalSegment(int dirfd, uint64_t seq, bool sync);
+NewJournalSegment CreateJournalSegment(int dirfd, uint64_t seq, bool sync,
+                                       Storage* storage = SystemStorage());
 
 // Appends records to the newest journal segment; starts a new segment for
 // its first write (an older segment's tail may be torn) and when a segment
@@ -116,6 +124,7 @@ class JournalWriter {
     // Sync a new segment's header and directory entry (durability
     // `synced`); without it, starting a segment does not stall the loop.
     bool sync = true;
+    Storage* storage = SystemStorage();
   };
   // `usage` must outlive the writer.
   static Status Open(const Options& options, JournalUsage* usage,
@@ -136,6 +145,7 @@ class JournalWriter {
   bool NeedsSegment(uint64_t bytes) const;
   uint64_t next_seq() const { return next_seq_; }
   bool sync() const { return options_.sync; }
+  Storage* storage() const { return options_.storage; }
   // Makes `segment` (created for next_seq()) the current one, or records
   // its failure (a name left behind uses up its seq and counts); returns
   // its status (kNoSpace for ENOSPC/EDQUOT): the next batch tries again.
@@ -160,13 +170,13 @@ class JournalWriter {
   int dirfd() const { return dirfd_.get(); }
 
  private:
-  JournalWriter(Options options, UniqueFd dirfd, JournalUsage* usage, uint64_t next_seq);
+  JournalWriter(Options options, StorageFd dirfd, JournalUsage* usage, uint64_t next_seq);
 
   Options options_;
-  UniqueFd dirfd_;
+  StorageFd dirfd_;
   JournalUsage* usage_;
   uint64_t next_seq_;
-  UniqueFd fd_;
+  StorageFd fd_;
   JournalPosition end_;
   uint64_t reserved_ = 0;
   bool reservation_open_ = false;
@@ -177,10 +187,10 @@ class JournalWriter {
 class JournalReader {
  public:
   // `dirfd` is borrowed and must stay open while the reader is used.
-  explicit JournalReader(int dirfd);
+  explicit JournalReader(int dirfd, Storage* storage = SystemStorage());
 
-  // How a segment file is read: by default a segment::FileSource over `fd`,
-  // capped at `size_max`. A seam for tests, which inject read errors (EIO)
+  // How a segment file is read: by default through the Storage (pread on
+  // `fd`), capped at `size_max`. A seam for tests, which inject read errors (EIO)
   // that a real disk cannot be made to produce on demand.
   using SourceFactory = std::function<Status(int fd, uint64_t seq, uint64_t size_max,
                                              std::unique_ptr<segment::Source>* out)>;
@@ -213,9 +223,10 @@ class JournalReader {
   Status OpenSegment(uint64_t seq, uint64_t offset, JournalPosition limit);
 
   int dirfd_;
+  Storage* storage_;
   SourceFactory source_factory_;
   JournalPosition pos_;
-  UniqueFd fd_;
+  StorageFd fd_;
   std::unique_ptr<segment::Source> source_;
   std::unique_ptr<segment::SegmentReader> reader_;
   uint64_t open_seq_ = 0;
@@ -241,7 +252,7 @@ class Checkpoint {
   // checkpoint file. Also reads the version 1 file of earlier releases (32
   // bytes, replaced by rename), so an upgrade keeps its watermark.
   // kCorruption when the file holds no valid slot.
-  static Status Load(int dirfd, JournalPosition* pos);
+  static Status Load(int dirfd, JournalPosition* pos, Storage* storage = SystemStorage());
 
   // Opens the checkpoint file for storing, first creating it holding `pos`
   // if it is missing or not a version 2 file (version 1, or a file of the
@@ -250,7 +261,8 @@ class Checkpoint {
   // temporary name, synced and renamed into place: the only rename in its
   // life. On a full disk that fails with kNoSpace and changes nothing; try
   // again later. `dirfd` is borrowed for this call only.
-  static Status Open(int dirfd, JournalPosition pos, std::unique_ptr<Checkpoint>* out);
+  static Status Open(int dirfd, JournalPosition pos, std::unique_ptr<Checkpoint>* out,
+                     Storage* storage = SystemStorage());
 
   // Writes `pos` into the older slot (one pwrite). Once it returns, the
   // value survives a crash of the process (it is in the page cache); it
@@ -262,10 +274,20 @@ class Checkpoint {
   Status Sync();
 
  private:
-  Checkpoint(UniqueFd fd, uint64_t generation) : fd_(std::move(fd)), generation_(generation) {}
-  UniqueFd fd_;
+  Checkpoint(Storage* storage, StorageFd fd, uint64_t generation)
+      : storage_(storage), fd_(std::move(fd)), generation_(generation) {}
+  Storage* storage_;
+  StorageFd fd_;
   uint64_t generation_;  // of the newest slot written
 };
+
+// What the checkpoint may hold: `watermark`, but never beyond `damaged_at`
+// (where reading failed in the oldest segment found damaged and not yet set
+// aside, if any). A restart starts reading at the stored checkpoint: one
+// past such a segment would never read it again, never find it damaged, and
+// DeleteConfirmedSegments would delete it as confirmed.
+JournalPosition StorableCheckpoint(JournalPosition watermark,
+                                   std::optional<JournalPosition> damaged_at);
 
 // Moves the damaged segment `seq` into the damaged/ subdirectory of the
 // journal directory (created 0700 if missing), under its own name or, if a
@@ -275,7 +297,7 @@ class Checkpoint {
 // segments get deleted). *moved_to is the new name relative to the journal
 // directory. kNotFound if the segment is not there.
 Status SetAsideDamagedSegment(int dirfd, uint64_t seq, JournalUsage* usage,
-                              std::string* moved_to);
+                              std::string* moved_to, Storage* storage = SystemStorage());
 
 // Deletes the segments wholly before `watermark` (seq < watermark.segment_seq)
 // except those listed in `keep` (damaged segments that could not be moved
@@ -284,6 +306,7 @@ Status SetAsideDamagedSegment(int dirfd, uint64_t seq, JournalUsage* usage,
 // deleted segment is confirmed, and a reader that starts before it moves on
 // to the next segment that exists.
 Status DeleteConfirmedSegments(int dirfd, JournalPosition watermark, JournalUsage* usage,
-                               int* deleted, std::span<const uint64_t> keep = {});
+                               int* deleted, std::span<const uint64_t> keep = {},
+                               Storage* storage = SystemStorage());
 
 }  // namespace postspool::daemon

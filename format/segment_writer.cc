@@ -85,7 +85,11 @@ Status CreateSegment(int dirfd, const std::string& name, const Header& header, m
                      bool sync, UniqueFd* out) {
   std::array<std::byte, kHeaderBytes> raw;
   EncodeHeader(header, raw);
+  return CreateFileComplete(dirfd, name, raw, mode, sync, out);
+}
 
+Status CreateFileComplete(int dirfd, const std::string& name, std::span<const std::byte> raw,
+                          mode_t mode, bool sync, UniqueFd* out) {
   // An unnamed file (O_TMPFILE) linked into place through /proc; where the
   // filesystem or a missing /proc does not allow that, a uniquely named
   // temporary. Either way the name is made with link(), which fails if it

@@ -33,6 +33,10 @@ using Deadline = Clock::time_point;
 // where `dirfd` allows it (NewNameSyncFor). Never syncfs.
 Status CreateSegment(int dirfd, const std::string& name, const Header& header, mode_t mode,
                      bool sync, UniqueFd* out);
+// CreateSegment's file steps for any `contents` (the journal's Storage
+// makes its files with it).
+Status CreateFileComplete(int dirfd, const std::string& name, std::span<const std::byte> contents,
+                          mode_t mode, bool sync, UniqueFd* out);
 
 // How CreateSegment makes a new name durable through `dirfd`:
 //  - kFileAndDirectory: fsync of the file, then of the directory;

@@ -202,6 +202,13 @@ TEST(Checkpoint, TornWriteOfOneSlotKeepsThePreviousWatermark) {
   EXPECT_EQ(p, (JournalPosition{5, 1000}));
 }
 
+TEST(Checkpoint, NeverStoredPastADamagedSegmentNotYetSetAside) {
+  EXPECT_EQ(StorableCheckpoint({5, 4096}, std::nullopt), (JournalPosition{5, 4096}));
+  EXPECT_EQ(StorableCheckpoint({5, 4096}, JournalPosition{3, 128}), (JournalPosition{3, 128}))
+      << "a restart must read segment 3 again to find it damaged and set it aside";
+  EXPECT_EQ(StorableCheckpoint({2, 4096}, JournalPosition{3, 128}), (JournalPosition{2, 4096}));
+}
+
 TEST(Checkpoint, DamagedCheckpointIsCorruptionNotTheBeginning) {
   TempDir dir;
   std::unique_ptr<Checkpoint> c;

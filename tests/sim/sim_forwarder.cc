@@ -11,6 +11,7 @@ using std::chrono::milliseconds;
 constexpr int kPublishBatch = 64;                              // forwarder.cc
 constexpr auto kStableConnection = std::chrono::seconds(10);   // forwarder.cc
 constexpr auto kJournalRetryDelay = std::chrono::seconds(1);   // forwarder.cc
+constexpr int kJournalReadAttempts = 5;                        // forwarder.cc
 
 }  // namespace
 
@@ -161,7 +162,7 @@ void FakeBroker::Step(Clock::time_point now) {
 
 SimForwarder::SimForwarder(const daemon::Config& config, Options options, SimNode* node,
                            FakeBroker* broker, SimCommits* commits, daemon::JournalUsage* usage,
-                           uint64_t seed, std::function<void(const fb::Post&)> on_publish)
+                           daemon::Storage* storage, int dirfd, uint64_t seed, std::function<void(const fb::Post&)> on_publish)
     : config_(config),
       options_(options),
       node_(node),
@@ -170,8 +171,10 @@ SimForwarder::SimForwarder(const daemon::Config& config, Options options, SimNod
       usage_(usage),
       seed_(seed),
       on_publish_(std::move(on_publish)),
-      reader_(&node->fs),
-      retry_reader_(&node->fs),
+      storage_(storage),
+      dirfd_(dirfd),
+      reader_(dirfd, storage),
+      retry_reader_(dirfd, storage),
       connect_backoff_(config.reconnect_delay_initial_ms, config.reconnect_delay_max_ms, seed) {}
 
 SimForwarder::~SimForwarder() {
@@ -180,7 +183,7 @@ SimForwarder::~SimForwarder() {
 
 Status SimForwarder::Start() {
   JournalPosition start;
-  Status s = LoadCheckpoint(&node_->fs, &start);
+  Status s = daemon::Checkpoint::Load(dirfd_, &start, storage_);
   if (s.code() == StatusCode::kCorruption) {
     start = JournalPosition{};
   } else if (!s.ok()) {
@@ -197,7 +200,7 @@ Status SimForwarder::Start() {
   stored_checkpoint_ = start;
   written_checkpoint_ = start;
   cleaned_at_ = JournalPosition{};
-  checkpoint_ = SimCheckpoint{};
+  checkpoint_.reset();
   reconnect_at_ = Clock::time_point{};
   journal_retry_at_ = Clock::time_point{};
   next_checkpoint_at_ = Clock::time_point{};
@@ -276,13 +279,23 @@ bool SimForwarder::Pump(Clock::time_point now) {
     }
     const JournalPosition limit = commits_->end;
     while (budget > 0 && now >= journal_retry_at_ && window_->CanPublishNew()) {
+      const JournalPosition before = reader_.position();
+      if (auto it = damaged_.find(before.segment_seq);
+          it != damaged_.end() && before >= it->second.at) {
+        // As forwarder.cc: given up once the ingest loop writes elsewhere.
+        if (before.segment_seq >= limit.segment_seq) break;
+        reader_.SkipSegment();
+        continue;
+      }
       daemon::JournalReader::Entry entry;
       bool got = false;
       const Status rs = reader_.Next(limit, &entry, &got);
       if (!rs.ok()) {
-        journal_retry_at_ = now + kJournalRetryDelay;
+        node_->Trace("forwarder: cannot read the journal: " + rs.ToString());
+        if (OnJournalReadError(rs, now)) continue;
         break;
       }
+      read_attempts_ = 0;
       if (!got) {
         window_->OnReaderIdle(reader_.position());
         break;
@@ -355,9 +368,9 @@ bool SimForwarder::Republish(const daemon::PublishWindow::Due& due, Clock::time_
 
 void SimForwarder::WriteWatermark() {
   if (node_->fs.daemon_dead()) return;
-  const JournalPosition w = window_->watermark();
-  if (!checkpoint_.open() || w == written_checkpoint_) return;
-  if (Status s = checkpoint_.Store(w); !s.ok()) {
+  const JournalPosition w = CheckpointWatermark();
+  if (!checkpoint_ || w == written_checkpoint_) return;
+  if (Status s = checkpoint_->Store(w); !s.ok()) {
     node_->Trace("forwarder: cannot write the checkpoint: " + s.ToString());
     checkpoint_faulted_ = true;
     return;
@@ -372,28 +385,76 @@ void SimForwarder::MaybeCheckpoint(Clock::time_point now, bool force) {
   if (w == stored_checkpoint_ && w == cleaned_at_) return;
   if (!force && now < next_checkpoint_at_) return;
   next_checkpoint_at_ = now + milliseconds(config_.checkpoint_interval_ms);
-  if (!checkpoint_.open()) {
-    if (Status s = checkpoint_.Open(&node_->fs, w); s.ok()) {
-      written_checkpoint_ = w;
+  // As forwarder.cc: damaged segments set aside first, then the checkpoint
+  // bounded by those still in place.
+  SetAsideDamagedSegments(w);
+  const JournalPosition c = CheckpointWatermark();
+  if (!checkpoint_) {
+    if (Status s = daemon::Checkpoint::Open(dirfd_, c, &checkpoint_, storage_); s.ok()) {
+      written_checkpoint_ = c;
       checkpoint_faulted_ = false;
     } else {
       node_->Trace("forwarder: cannot create the checkpoint: " + s.ToString());
       checkpoint_faulted_ = true;
     }
   }
-  if (checkpoint_.open() && w != stored_checkpoint_) {
+  if (checkpoint_ && c != stored_checkpoint_) {
     WriteWatermark();
-    if (written_checkpoint_ == w) {
-      if (Status s = checkpoint_.Sync(); s.ok()) {
-        stored_checkpoint_ = w;
+    if (written_checkpoint_ == c) {
+      if (Status s = checkpoint_->Sync(); s.ok()) {
+        stored_checkpoint_ = c;
       } else {
         node_->Trace("forwarder: cannot sync the checkpoint: " + s.ToString());
       }
     }
   }
   // As forwarder.cc: deleting does not wait for the checkpoint.
+  std::vector<uint64_t> keep;
+  for (const auto& [seq, damaged] : damaged_) keep.push_back(seq);
   int deleted = 0;
-  if (DeleteConfirmedSegments(&node_->fs, w, usage_, &deleted).ok()) cleaned_at_ = w;
+  if (daemon::DeleteConfirmedSegments(dirfd_, w, usage_, &deleted, keep, storage_).ok()) {
+    cleaned_at_ = w;
+  }
+}
+
+bool SimForwarder::OnJournalReadError(const Status& why, Clock::time_point now) {
+  const JournalPosition at = reader_.position();
+  if (auto it = damaged_.find(at.segment_seq); it != damaged_.end()) {
+    it->second.at = std::min(it->second.at, at);
+    read_attempts_ = 0;
+    return true;
+  }
+  const bool damaged =
+      why.code() == StatusCode::kCorruption || why.code() == StatusCode::kUnsupported;
+  if (!damaged && ++read_attempts_ < kJournalReadAttempts) {
+    journal_retry_at_ = now + kJournalRetryDelay;
+    return false;
+  }
+  read_attempts_ = 0;
+  damaged_.emplace(at.segment_seq, Damaged{at});
+  ++damaged_reported_;
+  node_->Trace("forwarder: journal segment " + std::to_string(at.segment_seq) +
+               " is damaged: " + why.ToString());
+  return true;
+}
+
+JournalPosition SimForwarder::CheckpointWatermark() const {
+  return daemon::StorableCheckpoint(
+      window_->watermark(),
+      damaged_.empty() ? std::nullopt : std::optional(damaged_.begin()->second.at));
+}
+
+void SimForwarder::SetAsideDamagedSegments(JournalPosition watermark) {
+  for (auto it = damaged_.begin(); it != damaged_.end() && it->first < watermark.segment_seq;) {
+    std::string moved_to;
+    const Status s = daemon::SetAsideDamagedSegment(dirfd_, it->first, usage_, &moved_to, storage_);
+    if (s.ok() || s.code() == StatusCode::kNotFound) {
+      if (s.ok()) node_->Trace("forwarder: moved a damaged journal segment to " + moved_to);
+      it = damaged_.erase(it);
+      continue;
+    }
+    ++it;
+  }
 }
 
 void SimForwarder::OnAck(uint64_t tag, bool multiple) {

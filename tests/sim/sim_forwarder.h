@@ -12,7 +12,7 @@
 //
 // SimForwarder: the loop of daemon/forwarder.cc (Run, Connect, Pump,
 // Republish, MaybeCheckpoint, LoseConnection) on one thread with virtual
-// time, with the real PublishWindow, the real v03 encoder, SimJournalReader
+// time, with the real PublishWindow, the real v03 encoder, the real JournalReader
 // (the real SegmentReader) and the checkpoint on SimFs. Keep it in step with
 // forwarder.cc: it is a mirror, not a model of a better forwarder.
 #pragma once
@@ -28,11 +28,23 @@
 #include "flatbuffers/flatbuffers.h"
 #include "post.h"
 #include "publish_window.h"
-#include "sim_journal.h"
+#include "journal.h"
 #include "sim_node.h"
+#include "storage.h"
 #include "v03_encoder.h"
 
 namespace postspool::sim {
+
+using daemon::JournalPosition;
+
+// Where the Ingest publishes the committed end (the daemon's CommitChannel,
+// without its eventfd: the simulation steps the forwarder itself).
+struct SimCommits {
+  JournalPosition end;
+  void Publish(JournalPosition e) {
+    if (e > end) end = e;
+  }
+};
 
 struct BrokerRates {  // ppm
   uint32_t disconnect_per_step = 0;
@@ -140,8 +152,12 @@ class SimForwarder final : private FakeBroker::Handler {
   };
   // Everything borrowed must outlive the forwarder. `on_publish` sees every
   // post published (for the checker).
+  // `storage` and `dirfd` (the journal directory, open on it) are the
+  // daemon process's: the real JournalReader, Checkpoint and
+  // DeleteConfirmedSegments run on them.
   SimForwarder(const daemon::Config& config, Options options, SimNode* node, FakeBroker* broker,
-               SimCommits* commits, daemon::JournalUsage* usage, uint64_t seed,
+               SimCommits* commits, daemon::JournalUsage* usage, daemon::Storage* storage,
+               int dirfd, uint64_t seed,
                std::function<void(const fb::Post&)> on_publish);
   ~SimForwarder() override;
 
@@ -156,6 +172,11 @@ class SimForwarder final : private FakeBroker::Handler {
   JournalPosition stored_checkpoint() const { return stored_checkpoint_; }
   // The last attempt to open or write the checkpoint failed.
   bool checkpoint_faulted() const { return checkpoint_faulted_; }
+  // Damaged segments reported (found unreadable) so far.
+  uint64_t damaged_reported() const { return damaged_reported_; }
+  // A damaged segment not yet set aside holds the checkpoint back
+  // (StorableCheckpoint): a crash now republishes more than a window.
+  bool checkpoint_held_by_damage() const { return CheckpointWatermark() < window_->watermark(); }
 
  private:
   void Connect(Clock::time_point now);
@@ -165,6 +186,12 @@ class SimForwarder final : private FakeBroker::Handler {
   bool PublishNew(const daemon::JournalReader::Entry& entry, Clock::time_point now, bool* published);
   bool Republish(const daemon::PublishWindow::Due& due, Clock::time_point now);
   Status EncodePost(const fb::Post& post);
+  // Forwarder::OnJournalReadError: true when the reader may go on (the
+  // segment is known damaged now), false to retry later.
+  bool OnJournalReadError(const Status& why, Clock::time_point now);
+  // Forwarder::SetAsideDamagedSegments.
+  void SetAsideDamagedSegments(JournalPosition watermark);
+  JournalPosition CheckpointWatermark() const;
   void MaybeCheckpoint(Clock::time_point now, bool force);
   // Forwarder::WriteWatermark: the watermark into the checkpoint's page
   // cache, before anything more is published.
@@ -184,8 +211,10 @@ class SimForwarder final : private FakeBroker::Handler {
   daemon::JournalUsage* usage_;
   uint64_t seed_;
   std::function<void(const fb::Post&)> on_publish_;
-  SimJournalReader reader_;
-  SimJournalReader retry_reader_;
+  daemon::Storage* storage_;
+  int dirfd_;
+  daemon::JournalReader reader_;
+  daemon::JournalReader retry_reader_;
   std::unique_ptr<daemon::PublishWindow> window_;
   daemon::Backoff connect_backoff_;
   bool connected_ = false;
@@ -198,7 +227,14 @@ class SimForwarder final : private FakeBroker::Handler {
   JournalPosition stored_checkpoint_;
   JournalPosition written_checkpoint_;
   JournalPosition cleaned_at_;
-  SimCheckpoint checkpoint_;
+  std::unique_ptr<daemon::Checkpoint> checkpoint_;
+  struct Damaged {
+    JournalPosition at;  // where reading failed
+  };
+  // Segments known to be damaged and not moved aside yet, by seq.
+  std::map<uint64_t, Damaged> damaged_;
+  int read_attempts_ = 0;
+  uint64_t damaged_reported_ = 0;
   bool checkpoint_faulted_ = false;
   Clock::time_point next_checkpoint_at_{};
   v03::Encoded encoded_;

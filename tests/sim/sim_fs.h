@@ -49,7 +49,14 @@
 namespace postspool::sim {
 
 enum class Actor : uint8_t { kDaemon, kClient };
-enum DirId : int { kJournalDir = 0, kSpoolDir = 1, kQuarantineDir = 2, kDirCount = 3 };
+// kDamagedDir: the journal's damaged/ (SetAsideDamagedSegment), always there.
+enum DirId : int {
+  kJournalDir = 0,
+  kSpoolDir = 1,
+  kQuarantineDir = 2,
+  kDamagedDir = 3,
+  kDirCount = 4
+};
 
 struct FaultRates {  // per operation, parts per million
   uint32_t write_eio = 0;

@@ -1,7 +1,7 @@
 // SimNode: the simulated machine under the daemon and its clients — the
 // virtual clock, the disk (SimFs), the daemon process's descriptor table and
 // the Unix sockets between clients and the daemon. The daemon's ports
-// (SimIoLoop, SimJournal, SimSpoolDir) and the simulated clients all act on
+// (SimIoLoop, SimStorage, SimSpoolDir) and the simulated clients all act on
 // one SimNode; a crash of the daemon closes its descriptors and sockets
 // here, and a power loss also drops what SimFs did not make durable.
 #pragma once
@@ -63,10 +63,11 @@ class SimNode {
 
   // --- The daemon's descriptors --------------------------------------------
   struct FdEntry {
-    enum Kind { kSocket, kFile, kListen } kind = kFile;
+    enum Kind { kSocket, kFile, kListen, kDir } kind = kFile;
     uint64_t socket = 0;  // kSocket
     SimFs::Ino ino = 0;   // kFile
     uint32_t wb_err_seen = 0;  // kFile: writeback errors reported to it
+    DirId dir = kJournalDir;   // kDir
   };
   int AllocFd(FdEntry e) {
     int fd = 3;
@@ -130,8 +131,12 @@ class SimNode {
     if (s != nullptr && s->client_closed && s->daemon_closed) sockets.erase(id);
   }
 
+  // Which daemon process this is: DaemonDied starts a new one.
+  uint64_t incarnation() const { return incarnation_; }
+
   // The daemon process died: every descriptor closes, every client reads EOF.
   void DaemonDied() {
+    ++incarnation_;
     for (auto& [fd, e] : fds_) {
       if (e.kind == FdEntry::kFile) fs.Unref(e.ino);
     }
@@ -164,6 +169,7 @@ class SimNode {
  private:
   std::map<int, FdEntry> fds_;
   uint64_t next_socket_ = 1;
+  uint64_t incarnation_ = 0;
   SimRng rng_;
 };
 

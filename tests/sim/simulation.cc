@@ -14,6 +14,8 @@
 
 #include "config.h"
 #include "ingest.h"
+#include "journal.h"
+#include "journal_port.h"
 #include "little_endian.h"
 #include "log.h"
 #include "metrics.h"
@@ -23,7 +25,7 @@
 #include "segment_writer.h"
 #include "sim_forwarder.h"
 #include "sim_io_loop.h"
-#include "sim_journal.h"
+#include "sim_storage.h"
 #include "sim_node.h"
 #include "sim_rings.h"
 #include "sim_spool.h"
@@ -33,6 +35,45 @@ namespace postspool::sim {
 namespace {
 
 using namespace std::chrono_literals;
+
+// The checker's view of the journal: the real code, on a storage that
+// injects no fault and is no crash point.
+std::vector<uint64_t> ListJournalSegments(SimNode* node) {
+  SimStorage oracle(node, /*oracle=*/true);
+  std::vector<uint64_t> seqs;
+  int dirfd = -1;
+  if (!oracle.OpenDirectory(SimStorage::kJournalPath, &dirfd).ok()) return seqs;
+  daemon::StorageFd dir(&oracle, dirfd);
+  daemon::ListJournalSegments(dir.get(), &seqs, &oracle).IgnoreError();
+  return seqs;
+}
+
+// What a restart would load.
+Status LoadCheckpoint(SimNode* node, JournalPosition* pos) {
+  SimStorage oracle(node, /*oracle=*/true);
+  int dirfd = -1;
+  if (Status s = oracle.OpenDirectory(SimStorage::kJournalPath, &dirfd); !s.ok()) return s;
+  daemon::StorageFd dir(&oracle, dirfd);
+  return daemon::Checkpoint::Load(dir.get(), pos, &oracle);
+}
+
+// Every valid record of a file's current bytes (from `offset`), as the
+// real reader yields them, with where it starts and ends. False if the
+// header is unreadable.
+bool ReadRecords(const std::vector<std::byte>& bytes, uint64_t offset,
+                 const std::function<void(const fb::Post&, uint64_t at, uint64_t next)>& f) {
+  segment::MemorySource source(bytes);
+  segment::ReaderOptions options;
+  options.verify_payload = VerifyPostPayload;
+  options.start_offset = std::max<uint64_t>(offset, segment::kHeaderBytes);
+  std::unique_ptr<segment::SegmentReader> reader;
+  if (!segment::SegmentReader::Open(&source, options, &reader).ok()) return false;
+  segment::Record rec;
+  while (reader->Next(&rec) == segment::SegmentReader::Result::kRecord) {
+    f(PostFromPayload(rec.payload), rec.position.offset, rec.next_offset);
+  }
+  return true;
+}
 using std::chrono::milliseconds;
 
 // Once faults stop, everything must be delivered within this (virtual) time:
@@ -85,7 +126,10 @@ struct DaemonProcess {
   daemon::Metrics metrics;
   daemon::JournalUsage usage;
   SimCommits commits;
-  std::unique_ptr<SimJournal> journal;
+  // The journal: the real JournalWriter on this process's SimStorage.
+  std::unique_ptr<SimStorage> storage;
+  std::unique_ptr<daemon::JournalWriter> writer;
+  std::unique_ptr<daemon::WriterJournalPort> journal;
   std::unique_ptr<SimSpoolDir> spool;
   std::unique_ptr<daemon::Ingest> ingest;
   std::unique_ptr<SimForwarder> forwarder;
@@ -103,8 +147,10 @@ struct DaemonProcess {
     forwarder.reset();
     loop.reset();
     journal.reset();
+    writer.reset();
     spool.reset();
     rings.reset();
+    storage.reset();
   }
 };
 
@@ -235,6 +281,7 @@ class World {
   std::vector<uid_t> benign_uids_;
   uint32_t epoch_ = 0;
   std::set<uint32_t> power_loss_epochs_;  // epochs that began with a power loss
+  std::set<uint32_t> checkpoint_held_epochs_;   // ... while a damaged segment held the checkpoint
   std::set<uint32_t> checkpoint_fault_epochs_;  // ... with a checkpoint write failed
   bool faults_on_ = true;
   uint32_t client_kill_ppm_ = 0;
@@ -254,6 +301,17 @@ class World {
   // Lanes ever scribbled over: their head word is no longer the daemon's
   // cursor, so the stranded check leaves them out.
   std::set<LaneKey> scribbled_;
+  // Journal segments DamageJournal made unreadable (a zero-length file, a
+  // damaged header) while they held a post the broker had not confirmed:
+  // inode -> seq and those posts. The daemon must set them aside, never
+  // delete them while one of those posts is unconfirmed (the forwarder may
+  // have read them before the damage: confirmed, the segment may go).
+  struct Unreadable {
+    uint64_t seq = 0;
+    std::vector<PostId> unconfirmed;
+  };
+  std::map<SimFs::Ino, Unreadable> unreadable_segments_;
+  void CheckDamagedSegmentsKept(const std::string& when);
   // Posts published into a lane and maybe not journaled yet (end, id).
   std::map<LaneKey, std::deque<std::pair<uint64_t, PostId>>> lane_posts_;
   // Lanes where a producer died after its tail store and before its
@@ -1302,10 +1360,13 @@ void World::StartDaemon() {
   SimFs& fs = node_.fs;
   fs.ReviveDaemon();
   auto dp = std::make_unique<DaemonProcess>();
-  SimJournal::Options jo;
+  dp->storage = std::make_unique<SimStorage>(&node_);
+  daemon::JournalWriter::Options jo;
+  jo.dir = SimStorage::kJournalPath;
   jo.segment_bytes_max = config_.journal_segment_bytes_max;
   jo.sync = config_.durability == daemon::Durability::kSynced;
-  if (Status s = SimJournal::Open(&node_, jo, &dp->usage, &dp->commits, &dp->journal); !s.ok()) {
+  jo.storage = dp->storage.get();
+  if (Status s = daemon::JournalWriter::Open(jo, &dp->usage, &dp->writer); !s.ok()) {
     Trace("daemon start failed: journal: %s", s.ToString().c_str());
     ++stats_.start_failures;
     dp.reset();
@@ -1314,6 +1375,11 @@ void World::StartDaemon() {
     fs.Collect();
     restart_at_ = node_.clock.Now() + 100ms;  // systemd's RestartSec
     return;
+  }
+  {
+    DaemonProcess* p = dp.get();
+    dp->journal = std::make_unique<daemon::WriterJournalPort>(
+        dp->writer.get(), &dp->usage, [p](JournalPosition end) { p->commits.Publish(end); });
   }
   dp->commits.Publish(dp->journal->end());
   dp->spool = std::make_unique<SimSpoolDir>(&node_);
@@ -1348,7 +1414,7 @@ void World::StartDaemon() {
   }
   // Daemon::RememberJournaledIds: the two newest segments before the new one.
   if (config_.dedupe_window_posts != 0) {
-    std::vector<uint64_t> seqs = ListJournalSegments(fs);
+    std::vector<uint64_t> seqs = ListJournalSegments(&node_);
     std::erase(seqs, dp->journal->end().segment_seq);
     const size_t first = seqs.size() > 2 ? seqs.size() - 2 : 0;
     for (size_t i = first; i < seqs.size(); ++i) {
@@ -1362,7 +1428,7 @@ void World::StartDaemon() {
   }
   dp->forwarder = std::make_unique<SimForwarder>(
       config_, SimForwarder::Options{options_.checkpoint_every_move}, &node_, &broker_,
-      &dp->commits, &dp->usage, rng_.Next(), [this](const fb::Post& p) { CheckPublished(p); });
+      &dp->commits, &dp->usage, dp->storage.get(), dp->writer->dirfd(), rng_.Next(), [this](const fb::Post& p) { CheckPublished(p); });
   if (Status s = dp->forwarder->Start(); !s.ok()) {
     Trace("daemon start failed: forwarder: %s", s.ToString().c_str());
     ++stats_.start_failures;
@@ -1397,6 +1463,7 @@ void World::Crash() {
   // watermark behind by more than a window: the bound holds only when the
   // last write worked.
   const bool checkpoint_faulted = dp_ && dp_->forwarder->checkpoint_faulted();
+  const bool checkpoint_held = dp_ && dp_->forwarder->checkpoint_held_by_damage();
   if (dp_) {
     dp_->loop->CrashInFlight();
     NoteRingMetrics(dp_->metrics);
@@ -1409,6 +1476,11 @@ void World::Crash() {
     for (auto& c : clients_) c->Die(true);  // the whole node went down
     for (auto& p : producers_) p->Die(true);
     fs.PowerLoss();
+    // A name the power loss took is not the daemon's doing.
+    std::erase_if(unreadable_segments_, [&fs](const auto& e) {
+      const SimFs::Inode* in = fs.Get(e.first);
+      return in == nullptr || in->links == 0;
+    });
     // tmpfs too: what the rings held and nobody saw journaled (at `synced`
     // no producer was told it was) is gone.
     ring_store_.Wipe();
@@ -1432,6 +1504,7 @@ void World::Crash() {
   // loses the checkpoint writes since its last sync (checkpoint_interval_ms).
   if (power_loss) power_loss_epochs_.insert(epoch_);
   if (checkpoint_faulted) checkpoint_fault_epochs_.insert(epoch_);
+  if (checkpoint_held) checkpoint_held_epochs_.insert(epoch_);
   broker_.set_epoch(epoch_);
   Trace("daemon crashed at %s%s (crash %" PRIu64 ")", point.c_str(),
         power_loss ? " with a power loss" : "", stats_.crashes);
@@ -1460,8 +1533,8 @@ std::set<PostId> World::Recoverable(bool* spool_pending_benign) {
   std::set<PostId> ids;
   JournalPosition cp;
   // What a restart would load (a damaged file: from the start).
-  if (!LoadCheckpoint(&fs, &cp).ok()) cp = JournalPosition{};
-  for (uint64_t seq : ListJournalSegments(fs)) {
+  if (!LoadCheckpoint(&node_, &cp).ok()) cp = JournalPosition{};
+  for (uint64_t seq : ListJournalSegments(&node_)) {
     if (seq < cp.segment_seq) continue;
     SimFs::Ino ino;
     if (!fs.Lookup(kJournalDir, daemon::JournalSegmentName(seq), &ino)) continue;
@@ -1493,7 +1566,7 @@ std::set<PostId> World::Recoverable(bool* spool_pending_benign) {
 std::string World::Locate(PostId id) {
   SimFs& fs = node_.fs;
   std::string out;
-  static const char* kDirNames[] = {"journal", "spool", "quarantine"};
+  static const char* kDirNames[] = {"journal", "spool", "quarantine", "journal/damaged"};
   for (int d = 0; d < kDirCount; ++d) {
     for (const auto& entry : fs.List(static_cast<DirId>(d))) {
       const std::string& name = entry.first;  // clang 14 cannot capture a structured binding
@@ -1507,7 +1580,7 @@ std::string World::Locate(PostId id) {
       });
     }
   }
-  if (JournalPosition cp; LoadCheckpoint(&fs, &cp).ok()) {
+  if (JournalPosition cp; LoadCheckpoint(&node_, &cp).ok()) {
     out += " checkpoint " + std::to_string(cp.segment_seq) + ":" + std::to_string(cp.offset);
   }
   if (dp_) {
@@ -1530,7 +1603,33 @@ std::string World::Locate(PostId id) {
   return out.empty() ? " nowhere" : out;
 }
 
+void World::CheckDamagedSegmentsKept(const std::string& when) {
+  for (auto it = unreadable_segments_.begin(); it != unreadable_segments_.end();) {
+    const SimFs::Inode* in = node_.fs.Get(it->first);
+    if (in != nullptr && in->links > 0) {
+      ++it;
+      continue;
+    }
+    const auto& ledger = broker_.ledger();
+    const bool lost = std::any_of(it->second.unconfirmed.begin(), it->second.unconfirmed.end(),
+                                  [&ledger](const PostId& id) {
+                                    auto l = ledger.find(id);
+                                    return l == ledger.end() || !l->second.confirmed;
+                                  });
+    if (!lost) {
+      it = unreadable_segments_.erase(it);
+      continue;
+    }
+    Fail("damaged_segment_kept",
+         "after " + when + ": journal segment " + std::to_string(it->second.seq) +
+             " could not be read and held unconfirmed posts, and it was deleted instead of "
+             "being set aside in damaged/");
+    it = unreadable_segments_.erase(it);
+  }
+}
+
 void World::CheckRecoverable(const std::string& when) {
+  CheckDamagedSegmentsKept(when);
   const std::set<PostId> ids = Recoverable(nullptr);
   const auto& ledger = broker_.ledger();
   for (const auto& [id, p] : posts_) {
@@ -1571,7 +1670,7 @@ void World::CheckPublished(const fb::Post& post) {
 
 void World::DamageJournal() {
   SimFs& fs = node_.fs;
-  std::vector<uint64_t> seqs = ListJournalSegments(fs);
+  std::vector<uint64_t> seqs = ListJournalSegments(&node_);
   if (dp_) std::erase(seqs, dp_->journal->end().segment_seq);
   if (seqs.empty()) return;
   const uint64_t seq = seqs[rng_.Below(seqs.size())];
@@ -1590,12 +1689,19 @@ void World::DamageJournal() {
     off = rng_.Below(segment::kHeaderChecksumOffset);
   }
   uint64_t hit = 0;
+  std::vector<PostId> unconfirmed;
   ReadRecords(in->data, 0, [&](const fb::Post& p, uint64_t at, uint64_t next) {
     if (at > hi || next <= lo) return;
-    auto it = posts_.find(PostId{p.id()->hi(), p.id()->lo()});
+    const PostId id{p.id()->hi(), p.id()->lo()};
+    auto it = posts_.find(id);
     if (it != posts_.end()) it->second.damaged = true;
+    auto l = broker_.ledger().find(id);
+    if (l == broker_.ledger().end() || !l->second.confirmed) unconfirmed.push_back(id);
     ++hit;
   });
+  if (kind != 0 && !unconfirmed.empty()) {
+    unreadable_segments_[ino] = Unreadable{seq, std::move(unconfirmed)};
+  }
   if (kind == 1) {
     in->data.clear();
     in->durable.clear();
@@ -1803,6 +1909,7 @@ SimResult World::Run() {
                        std::to_string(std::chrono::duration_cast<milliseconds>(kDrainMsMax).count()) +
                        " ms after the faults stopped: " + why);
   }
+  CheckDamagedSegmentsKept("the drain");
   // The final word on every acknowledged post (Drained checked it too).
   const auto& ledger = broker_.ledger();
   uint64_t dropped = 0;
@@ -1861,6 +1968,8 @@ SimResult World::Run() {
       stats_.Fault("exempt.duplicates_after_power_loss", d);
     } else if (exempt(checkpoint_fault_epochs_)) {
       stats_.Fault("exempt.duplicates_after_checkpoint_fault", d);
+    } else if (exempt(checkpoint_held_epochs_)) {
+      stats_.Fault("exempt.duplicates_after_checkpoint_held_by_damaged_segment", d);
     } else if (republished > config_.publish_window_max) {
       Fail(kDuplicatesInvariant,
            "restart " + std::to_string(e) + " caused " + std::to_string(d) + " duplicates (" +

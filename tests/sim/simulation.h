@@ -1,5 +1,5 @@
 // One seeded run of the daemon's ingest logic (the real Ingest and
-// SpoolAdopter) on a simulated node: SimFs, SimIoLoop, SimJournal,
+// SpoolAdopter) on a simulated node: SimFs, SimIoLoop, SimStorage under the real journal,
 // SimSpoolDir, simulated clients (socket first, then the spool, as
 // client-lib does) and a simulated forwarder (the real PublishWindow,
 // SegmentReader and v03 encoder) publishing to a FakeBroker. One seed drives
@@ -25,6 +25,11 @@
 //    enqueued before it are enqueued again;
 //  - drains: once faults stop, everything is delivered and the spool is
 //    adopted within kDrainMsMax;
+//  - damaged_segment_kept: a journal segment that cannot be read (a
+//    zero-length file, a damaged header) while it holds a post the broker
+//    has not confirmed is set aside in damaged/ by the forwarder, never
+//    deleted (checked after every crash and at the end; a name a power
+//    loss took is exempt);
 //  - bounded_work_per_round: the work one ingest round asks of the spool
 //    directory and the loop stays within the configured limits;
 //  - ring_no_lost_wakeup: while the ingest sleeps, a producer that
