@@ -398,8 +398,9 @@ Status AmqpSession::Flush() {
 }
 
 Status AmqpSession::ReadFrames(Handler* handler) {
-  // Frames rabbitmq-c sends from here (heartbeats, close-ok) must not go
-  // before the posts appended: Flush first.
+  // Posts appended and not flushed would sit unsent while their confirms
+  // are awaited, and a close-ok sent from here would go before them: the
+  // caller flushes every round before it reads.
   assert(pending_.empty());
   for (;;) {
     amqp_frame_t frame;
