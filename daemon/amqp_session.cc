@@ -10,11 +10,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
 #include "amqp_properties.h"
+#include "publish_frames.h"
 #include "unique_fd.h"
 
 namespace postspool::daemon {
@@ -288,6 +291,12 @@ Status AmqpSession::Open(const BrokerUrl& url, const Options& options,
     }
     return s;
   }
+  session->direct_writes_ = !url.tls;
+  session->frame_max_ = static_cast<uint32_t>(amqp_get_frame_max(conn));
+  const int negotiated_heartbeat_s = amqp_get_heartbeat(conn);
+  session->write_timeout_ms_ = negotiated_heartbeat_s > 0
+                                   ? static_cast<uint32_t>(negotiated_heartbeat_s) * 1000
+                                   : options.connect_timeout_ms;
   *out = std::move(session);
   return Status::Ok();
 }
@@ -311,7 +320,88 @@ Status AmqpSession::Publish(std::string_view exchange, std::string_view routing_
   return Status::Ok();
 }
 
+Status AmqpSession::AppendPublish(std::string_view exchange, std::string_view routing_key,
+                                  std::string_view body, std::string_view message_id,
+                                  bool mandatory) {
+  if (!direct_writes_) return Publish(exchange, routing_key, body, message_id, mandatory);
+  PublishFrame m;
+  m.channel = kChannel;
+  m.exchange = exchange;
+  m.routing_key = routing_key;
+  m.body = body;
+  m.message_id = message_id;
+  m.mandatory = mandatory;
+  if (Status s = AppendPublishFrames(m, frame_max_, &pending_); !s.ok()) {
+    // Nothing of it was appended, but the channel's delivery tags would no
+    // longer match the caller's count if it went on: the same as a failed
+    // publish, the connection is given up.
+    return Status(StatusCode::kIoError, "publish: " + s.message());
+  }
+  if (pending_.size() >= kFlushBytes) return Flush();
+  return Status::Ok();
+}
+
+// Writes to rabbitmq-c's socket behind its back. That is safe because
+// rabbitmq-c writes only from inside its own calls (amqp_basic_publish, the
+// heartbeats sent from amqp_simple_wait_frame_noblock, close-ok, Close), and
+// Flush returns only once every byte of the buffer is written (or the
+// connection is given up): our frames and rabbitmq-c's never interleave.
+// rabbitmq-c does not see our writes, so it may send a heartbeat sooner than
+// needed: harmless.
+Status AmqpSession::Flush() {
+  if (pending_.empty()) return Status::Ok();
+  using Clock = std::chrono::steady_clock;
+  const int fd = amqp_get_sockfd(conn_);
+  const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(write_timeout_ms_);
+  size_t done = 0;
+  Status result;
+  while (done < pending_.size()) {
+    const ssize_t n = ::send(fd, pending_.data() + done, pending_.size() - done,
+                             MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      // The broker is not reading (flow control, or a stalled node): wait
+      // for room, within the bound.
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      if (left <= 0) {
+        result = Status(StatusCode::kIoError,
+                        "publish: the broker took no data for " +
+                            std::to_string(write_timeout_ms_) + " ms (" +
+                            std::to_string(pending_.size() - done) + " bytes left to write)");
+        break;
+      }
+      pollfd p{fd, POLLOUT, 0};
+      if (::poll(&p, 1, static_cast<int>(left) + 1) < 0 && errno != EINTR) {
+        const int err = errno;
+        result = Status(StatusCode::kIoError,
+                        std::string("publish: poll on the broker socket: ") + std::strerror(err),
+                        err);
+        break;
+      }
+      continue;
+    }
+    const int err = n == 0 ? EPIPE : errno;
+    result = Status(StatusCode::kIoError,
+                    std::string("publish: write to the broker: ") + std::strerror(err), err);
+    break;
+  }
+  pending_.clear();
+  // Bounded memory: a buffer grown past the flush size by one large post
+  // does not stay that large.
+  if (pending_.capacity() > 2 * kFlushBytes) pending_.shrink_to_fit();
+  return result;
+}
+
 Status AmqpSession::ReadFrames(Handler* handler) {
+  // Posts appended and not flushed would sit unsent while their confirms
+  // are awaited, and a close-ok sent from here would go before them: the
+  // caller flushes every round before it reads.
+  assert(pending_.empty());
   for (;;) {
     amqp_frame_t frame;
     // 1 µs rather than 0: rabbitmq-c notices that the broker's heartbeats
@@ -427,6 +517,9 @@ bool AmqpSession::HasBufferedInput() const {
   return amqp_frames_enqueued(conn_) != 0 || amqp_data_in_buffer(conn_) != 0;
 }
 
-void AmqpSession::Close() { amqp_connection_close(conn_, AMQP_REPLY_SUCCESS); }
+void AmqpSession::Close() {
+  assert(pending_.empty());
+  amqp_connection_close(conn_, AMQP_REPLY_SUCCESS);
+}
 
 }  // namespace postspool::daemon

@@ -73,6 +73,27 @@ class AmqpSession {
   Status Publish(std::string_view exchange, std::string_view routing_key,
                  std::string_view body, std::string_view message_id, bool mandatory);
 
+  // Batched publishing, for the forwarder's rounds. On a plain TCP
+  // connection, AppendPublish encodes the same basic.publish as Publish
+  // (publish_frames.h) into a pending buffer, and Flush writes the buffer to
+  // the socket in one write (or a few, if the send buffer fills); the
+  // buffer is flushed by AppendPublish itself once it holds kFlushBytes. On a
+  // TLS connection AppendPublish is Publish (rabbitmq-c's TLS socket cannot
+  // be bypassed) and Flush has nothing to do. Channel 1 counts delivery tags
+  // in the order of the appends, as with Publish. An error from either
+  // means the connection is unusable (frames may have been written in
+  // part); what was appended since the last successful Flush may or may not
+  // have reached the broker. Flush before calling ReadFrames or Close.
+  static constexpr size_t kFlushBytes = size_t{1} << 20;
+  Status AppendPublish(std::string_view exchange, std::string_view routing_key,
+                       std::string_view body, std::string_view message_id, bool mandatory);
+  // Waits at most the write timeout (the negotiated heartbeat interval, or
+  // connect_timeout_ms without heartbeats) for the broker to take the
+  // bytes: a broker that reads nothing for that long is a broken path
+  // (kIoError).
+  Status Flush();
+  size_t pending_bytes() const { return pending_.size(); }
+
   // Handles every frame that is available without waiting (rabbitmq-c's
   // queued frames and buffered bytes first, then the socket), and sends a
   // heartbeat when one is due. Returns an error when the connection is
@@ -94,6 +115,12 @@ class AmqpSession {
   void EndReturn(Handler* handler);
 
   amqp_connection_state_t conn_;
+  // Set by Open: plain TCP (AppendPublish writes the socket itself), the
+  // negotiated frame_max, the bound of one Flush.
+  bool direct_writes_ = false;
+  uint32_t frame_max_ = 0;
+  uint32_t write_timeout_ms_ = 0;
+  std::string pending_;  // encoded frames not written yet
   // A basic.return's content (header, then body frames) follows its method.
   bool in_return_ = false;
   bool return_header_seen_ = false;

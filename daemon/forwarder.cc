@@ -590,6 +590,11 @@ bool Forwarder::Pump(Clock::time_point now) {
     }
     more = budget == 0;
   }
+  // One write for the round's posts (AmqpSession::AppendPublish).
+  if (Status s = session_->Flush(); !s.ok()) {
+    LoseConnection(s, now);
+    return false;
+  }
   metrics_->publish_in_flight.store(window_->in_flight(), std::memory_order_relaxed);
   PublishWatermark();
   return more || session_->HasBufferedInput();
@@ -704,8 +709,8 @@ Status Forwarder::PublishNew(const JournalReader::Entry& entry, bool* published)
     return Status::Ok();
   }
   const MessageId message_id = FormatMessageId(id);
-  if (Status s = session_->Publish(exchange_, encoded_.routing_key, encoded_.body,
-                                   View(message_id), config_.publish_mandatory);
+  if (Status s = session_->AppendPublish(exchange_, encoded_.routing_key, encoded_.body,
+                                         View(message_id), config_.publish_mandatory);
       !s.ok()) {
     // It is not in the window, and the window (not a seek to the
     // watermark) is what a reconnect publishes again: the reader must read
@@ -713,6 +718,10 @@ Status Forwarder::PublishNew(const JournalReader::Entry& entry, bool* published)
     reader_.Seek(entry.position);
     return s;
   }
+  // In the window once appended, before Pump's Flush wrote it: its delivery
+  // tag is counted in append order. If the flush fails, the connection is
+  // lost and the window's Reset makes it due again like any post sent and
+  // not confirmed; only a broker ack takes it out of the window.
   window_->OnPublished(entry.position, entry.next, id);
   metrics_->published_total.fetch_add(1, std::memory_order_relaxed);
   *published = true;
@@ -764,8 +773,8 @@ Status Forwarder::Republish(const PublishWindow::Due& due, Clock::time_point now
     return Status::Ok();
   }
   const MessageId message_id = FormatMessageId(due.id);
-  if (Status s = session_->Publish(exchange_, encoded_.routing_key, encoded_.body,
-                                   View(message_id), config_.publish_mandatory);
+  if (Status s = session_->AppendPublish(exchange_, encoded_.routing_key, encoded_.body,
+                                         View(message_id), config_.publish_mandatory);
       !s.ok()) {
     return s;
   }

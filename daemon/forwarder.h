@@ -82,11 +82,19 @@
 // unconfirmed post is the publish time stamped in the post at the watermark
 // (read again at most every kPeekInterval).
 //
-// Known limit: rabbitmq-c 0.11 writes with no deadline, so a publish blocks
-// while the broker does not read its socket (TCP backpressure) and heartbeats
-// are not checked meanwhile. connection.blocked normally stops publishing
-// before that; StopAndDrain (after its deadline) and the destructor shut the
-// socket down under a blocked write.
+// Publishing writes: on a plain TCP connection a round's posts (at most
+// kPublishBatch) are encoded into one buffer and written with one write at
+// the end of the round (AmqpSession::AppendPublish, Flush); a post counts as
+// published (in the window) once appended, and a failed flush is a lost
+// connection, so it is published again like any unconfirmed post. A flush
+// that the broker does not take within the heartbeat interval (TCP
+// backpressure from a stalled broker) gives the connection up.
+//
+// Known limit: over TLS, rabbitmq-c 0.11 writes each post itself with no
+// deadline, so a publish blocks while the broker does not read its socket
+// and heartbeats are not checked meanwhile. connection.blocked normally stops
+// publishing before that; StopAndDrain (after its deadline) and the
+// destructor shut the socket down under a blocked write.
 #pragma once
 
 #include <atomic>
