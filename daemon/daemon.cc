@@ -713,6 +713,9 @@ json Daemon::StatusReply() const {
                     {"socket", v(m.socket_posts_journaled_total)},
                     {"spool", v(m.spool_posts_journaled_total)}}},
       {"spool_duplicates_dropped", v(m.spool_posts_deduplicated_total)},
+      // Posts that processes could not make at all (never received), as
+      // their clients reported them (shim_posts_dropped_total).
+      {"shim_posts_dropped", v(m.shim_posts_dropped_total)},
       {"journaled", JournaledTotal(m)},
       {"published", v(m.published_total)},
       {"confirmed", v(m.confirmed_total)},

@@ -42,6 +42,7 @@ std::string Metrics::RenderPrometheus() const {
   PS_COUNTER(ring_lanes_damaged_total, "Ring lanes whose bytes are not records, reset.");
   PS_COUNTER(ring_lanes_reclaimed_total, "Ring lanes of exited or closed processes, drained and freed.");
   PS_COUNTER(ring_wakeups_total, "Times a producer's doorbell woke the sleeping ingest loop.");
+  PS_COUNTER(shim_posts_dropped_total, "Posts that processes (the LD_PRELOAD shim) could not make, as their clients reported them through their uid's ring.");
   PS_GAUGE(rings, "Rings attached (including rings their users removed, read until the daemon stops).");
   PS_COUNTER(spool_segments_adopted_total, "Spool segments read to their end and journaled.");
   PS_COUNTER(spool_posts_journaled_total, "Posts adopted from the spool directory and journaled.");

@@ -35,6 +35,10 @@ struct Metrics {
   Counter ring_lanes_damaged_total{0};       // a lane's bytes are not records: the lane is reset
   Counter ring_lanes_reclaimed_total{0};     // lanes of dead or closed owners, drained and freed
   Counter ring_wakeups_total{0};             // doorbell wake-ups of the sleeping ingest loop
+  // Posts that processes could not make (the shim over its budget, a failed
+  // post), as their clients added them to their uid's ring: a claim of the
+  // uid's processes, clamped per take (ring::kDroppedPerTakeMax), saturating.
+  Counter shim_posts_dropped_total{0};
   std::atomic<uint64_t> rings{0};            // gauge: rings attached
   // Ingest: spool. A "file" is anything in the spool directory; a
   // "segment" is a spool segment file (FORMAT.md).

@@ -255,6 +255,8 @@ void PrintStatus(const json& r) {
               static_cast<unsigned long long>(U(skip, "posts_unencodable")),
               Bytes(static_cast<double>(U(skip, "journal_bytes"))).c_str(),
               Bytes(static_cast<double>(U(skip, "spool_bytes"))).c_str());
+  std::printf("            not made by the shim (its processes' count): %llu\n",
+              static_cast<unsigned long long>(U(p, "shim_posts_dropped")));
   std::printf("            refused: %llu full, %llu busy, %llu malformed, %llu invalid\n",
               static_cast<unsigned long long>(U(ref, "full")),
               static_cast<unsigned long long>(U(ref, "busy")),
