@@ -47,6 +47,7 @@ struct Metrics {
   Counter spool_posts_deduplicated_total{0};  // spooled copies of journaled posts, dropped
   Counter spool_posts_invalid_total{0};       // fail validation: the segment is quarantined
   Counter spool_bytes_damaged_total{0};  // skipped inside segments (resynchronised past)
+  Counter spool_records_lost_total{0};   // records those bytes held (segment::CountLostRecords), and those of unreadable segments
   Counter spool_bytes_torn_total{0};     // unfinished last records (a writer died mid-write)
   Counter spool_files_quarantined_total{0};
   Counter spool_seal_busy_total{0};      // a segment's lock was held: sealing retried later
@@ -59,6 +60,7 @@ struct Metrics {
   Counter journal_write_errors_total{0};
   Counter journal_bytes_skipped_total{0};
   Counter journal_segments_damaged_total{0};  // unreadable segments skipped, kept in damaged/
+  Counter journal_records_lost_total{0};  // records in skipped bytes and unreadable segments (segment::CountLostRecords)
   std::atomic<uint64_t> journal_bytes{0};  // gauge
   // Forwarder.
   Counter published_total{0};
