@@ -266,4 +266,26 @@ int Client::Post(const struct postspool_post* post, postspool_post_result* resul
               rel_path);
 }
 
+int Client::ReportDropped(uint32_t count) {
+  if (count == 0) return POSTSPOOL_OK;
+  const Deadline deadline =
+      Clock::now() + std::chrono::microseconds(uint64_t{options_.budget_ms} * 1000);
+  AdoptIfForked();
+  if (!LockUntil(&mutex_, deadline)) {
+    SetLastError("another thread's post held the client for the budget");
+    return POSTSPOOL_ETIMEDOUT;
+  }
+  Unlocker unlock(&mutex_);
+  if (!options_.use_ring) {
+    SetLastError("use_ring is off: the count has no ring to go to");
+    return POSTSPOOL_ENODAEMON;
+  }
+  std::string reason;
+  if (!state_->ring.AddDropped(count, &state_->socket, deadline, &reason)) {
+    SetLastError(reason);
+    return POSTSPOOL_ENODAEMON;
+  }
+  return POSTSPOOL_OK;
+}
+
 }  // namespace postspool::client

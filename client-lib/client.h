@@ -39,6 +39,9 @@ class Client {
   // error set. May throw std::bad_alloc (the C ABI layer turns it into
   // POSTSPOOL_ENOMEM).
   int Post(const struct postspool_post* post, postspool_post_result* result);
+  // postspool_report_dropped: POSTSPOOL_OK once the count is in the ring,
+  // else an error code with the thread's last error set.
+  int ReportDropped(uint32_t count);
 
  private:
   struct ProcessState {

@@ -99,6 +99,22 @@ POSTSPOOL_EXPORT int postspool_post(postspool_client* client, const struct posts
   }
 }
 
+POSTSPOOL_EXPORT int postspool_report_dropped(postspool_client* client, uint32_t count) {
+  try {
+    if (client == nullptr) {
+      postspool::client::SetLastError("client is NULL");
+      return POSTSPOOL_EINVAL;
+    }
+    return client->client.ReportDropped(count);
+  } catch (const std::bad_alloc&) {
+    return OutOfMemory();
+  } catch (const std::exception& e) {
+    return InternalError(e.what());
+  } catch (...) {
+    return InternalError("unknown exception");
+  }
+}
+
 POSTSPOOL_EXPORT const char* postspool_strerror(int error) {
   switch (error) {
     case POSTSPOOL_OK: return "success";

@@ -185,6 +185,29 @@ RingClient::Result RingClient::Post(std::span<const std::byte> record, DaemonSoc
   return Result{Outcome::kUnavailable, "ring: lanes damaged"};
 }
 
+bool RingClient::AddDropped(uint64_t count, DaemonSocket* socket, Deadline deadline,
+                            std::string* reason) {
+  if (map_ != nullptr && Removed()) Detach();
+  if (map_ == nullptr) {
+    // The back-off of refused ring requests applies here as for posts: a
+    // process that drops many posts asks at most as often as it posts.
+    if (Clock::now() < retry_after_) {
+      *reason = unavailable_;
+      return false;
+    }
+    if (!Attach(socket, deadline, reason)) {
+      retry_wait_ = std::clamp(retry_wait_ * 2, std::chrono::milliseconds(kRetryFirst), kRetryMax);
+      retry_after_ = Clock::now() + retry_wait_;
+      unavailable_ = *reason;
+      return false;
+    }
+    retry_wait_ = std::chrono::milliseconds(0);
+    next_check_ = Clock::now() + kCheckInterval;
+  }
+  ring::AddDropped(ring_, count);
+  return true;
+}
+
 bool RingClient::WaitForRoom(size_t bytes, Deadline deadline) const {
   for (int spin = 0;; ++spin) {
     // As ring::Append counts: a record that does not fit before the end of

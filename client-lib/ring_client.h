@@ -62,6 +62,11 @@ class RingClient {
   // if some are still waiting at the deadline.
   bool WaitDrained(Deadline deadline) const;
 
+  // postspool_report_dropped: adds `count` to the ring's dropped-posts word,
+  // asking the daemon for the ring first (within `deadline`) if this
+  // process has none. False, with the reason, when there is no ring.
+  bool AddDropped(uint64_t count, DaemonSocket* socket, Deadline deadline, std::string* reason);
+
  private:
   bool Attach(DaemonSocket* socket, Deadline deadline, std::string* reason);
   void Detach();

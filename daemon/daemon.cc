@@ -668,6 +668,9 @@ json Daemon::StatusReply() const {
                     {"socket", v(m.socket_posts_journaled_total)},
                     {"spool", v(m.spool_posts_journaled_total)}}},
       {"spool_duplicates_dropped", v(m.spool_posts_deduplicated_total)},
+      // Posts that processes could not make at all (never received), as
+      // their clients reported them (shim_posts_dropped_total).
+      {"shim_posts_dropped", v(m.shim_posts_dropped_total)},
       {"journaled", JournaledTotal(m)},
       {"published", v(m.published_total)},
       {"confirmed", v(m.confirmed_total)},
@@ -678,7 +681,9 @@ json Daemon::StatusReply() const {
       {"skipped_damaged", {{"posts_unencodable", v(m.encode_errors_total)},
                            {"journal_bytes", v(m.journal_bytes_skipped_total)},
                            {"journal_segments", v(m.journal_segments_damaged_total)},
+                           {"journal_records_lost", v(m.journal_records_lost_total)},
                            {"spool_bytes", v(m.spool_bytes_damaged_total)},
+                           {"spool_records_lost", v(m.spool_records_lost_total)},
                            {"spool_posts_invalid", v(m.spool_posts_invalid_total)}}},
       {"refused", {{"full", v(m.requests_refused_full_total)},
                    {"busy", v(m.requests_refused_busy_total)},

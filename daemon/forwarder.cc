@@ -1,5 +1,6 @@
 #include "forwarder.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sys/eventfd.h>
@@ -13,6 +14,7 @@
 
 #include "amqp_properties.h"
 #include "log.h"
+#include "lost_records.h"
 #include "post.h"
 
 namespace postspool::daemon {
@@ -628,11 +630,22 @@ bool Forwarder::OnJournalReadError(const Status& why, Clock::time_point now) {
 void Forwarder::ReportDamagedSegment(JournalPosition at, const Status& why) {
   if (!damaged_.emplace(at.segment_seq, Damaged{at}).second) return;
   metrics_->journal_segments_damaged_total.fetch_add(1, std::memory_order_relaxed);
+  // What the rest of the segment held, counted as postspool verify counts.
+  uint64_t lost = 0;
+  UniqueFd fd(::openat(dirfd_, JournalSegmentName(at.segment_seq).c_str(),
+                       O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  std::unique_ptr<segment::FileSource> source;
+  if (fd.valid() && segment::FileSource::Open(fd.get(), &source).ok()) {
+    const uint64_t from = std::min(at.offset, source->size());
+    lost = segment::CountLostRecords(source.get(), from, source->size() - from);
+  }
+  metrics_->journal_records_lost_total.fetch_add(lost, std::memory_order_relaxed);
   PS_LOG_ERROR("forwarder: journal segment %s/%s is damaged (%s); its posts after offset "
-               "%" PRIu64 " cannot be published. Publishing goes on with the next segment; "
-               "this one is kept in %s/damaged/ once the forwarder is past it",
+               "%" PRIu64 " (%" PRIu64 " record(s) found there) cannot be published. Publishing "
+               "goes on with the next segment; this one is kept in %s/damaged/ once the "
+               "forwarder is past it",
                config_.journal_dir.c_str(), JournalSegmentName(at.segment_seq).c_str(),
-               why.ToString().c_str(), at.offset, config_.journal_dir.c_str());
+               why.ToString().c_str(), at.offset, lost, config_.journal_dir.c_str());
 }
 
 void Forwarder::SetAsideDamagedSegments(JournalPosition watermark) {
@@ -663,11 +676,15 @@ void Forwarder::AccountSkippedBytes(JournalPosition before) {
   const uint64_t skipped = reader_.skipped_bytes();
   const uint64_t delta = skipped - skipped_seen_;
   skipped_seen_ = skipped;
+  const uint64_t lost = reader_.lost_records() - lost_seen_;
+  lost_seen_ = reader_.lost_records();
   // After a reconnect the same damage is skipped again: count it once.
   if (delta != 0 && before >= read_high_) {
     metrics_->journal_bytes_skipped_total.fetch_add(delta, std::memory_order_relaxed);
-    PS_LOG_WARNING("forwarder: skipped %" PRIu64 " damaged bytes in the journal after %s",
-                   delta, FormatPosition(before).c_str());
+    metrics_->journal_records_lost_total.fetch_add(lost, std::memory_order_relaxed);
+    PS_LOG_WARNING("forwarder: skipped %" PRIu64 " damaged bytes in the journal after %s: %" PRIu64
+                   " record(s) lost",
+                   delta, FormatPosition(before).c_str(), lost);
   }
   read_high_ = std::max(read_high_, reader_.position());
 }

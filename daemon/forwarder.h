@@ -354,6 +354,7 @@ class Forwarder final : private AmqpSession::Handler {
   // were counted and logged already.
   JournalPosition read_high_;
   uint64_t skipped_seen_ = 0;
+  uint64_t lost_seen_ = 0;
   // Encoding errors before this position were counted and logged already.
   JournalPosition encode_error_high_;
   // Log throttling for per-message events.

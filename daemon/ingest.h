@@ -167,6 +167,8 @@ class Ingest final : public IoCallbacks {
   void MaybeReclaimLane(uint32_t r, uint32_t l, uint64_t owner, Clock::time_point now);
   void MaybeTidyFreeLane(uint32_t r, uint32_t l, Clock::time_point now);
   bool RingAdmits(uid_t uid) const;
+  // Counts the posts the uid's processes reported they could not make.
+  void TakeDroppedPosts(const ring::Ring& ring, uid_t uid);
   void RingsToWriting();
   void RingsCommitted();
   void RingsFailed();
@@ -226,6 +228,7 @@ class Ingest final : public IoCallbacks {
   bool poll_ = false;
   bool sleeping_ = false;
   LogLimiter ring_limiter_;
+  LogLimiter dropped_limiter_;
 
   LogLimiter refuse_limiter_;
   LogLimiter journal_limiter_;

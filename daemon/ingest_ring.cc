@@ -116,6 +116,7 @@ bool Ingest::DrainRings(Clock::time_point now) {
     if (e.ring.full().load(std::memory_order_relaxed) != full) {
       e.ring.full().store(full, std::memory_order_relaxed);
     }
+    TakeDroppedPosts(e.ring, e.uid);
   }
   bool took = false;
   size_t r = 0, l = 0;
@@ -224,6 +225,21 @@ bool Ingest::DrainLane(uint32_t r, uint32_t l, uid_t uid, Clock::time_point now)
     ++filling_.ringed;
   }
   return took;
+}
+
+void Ingest::TakeDroppedPosts(const ring::Ring& ring, uid_t uid) {
+  const uint64_t n = ring::TakeDropped(ring);
+  if (n == 0) return;
+  // Saturating: the word is whatever the uid's processes wrote there. (The
+  // ingest thread is the counter's only writer.)
+  auto& total = metrics_->shim_posts_dropped_total;
+  const uint64_t old = total.load(std::memory_order_relaxed);
+  total.store(old > UINT64_MAX - n ? UINT64_MAX : old + n, std::memory_order_relaxed);
+  LogLimited(&dropped_limiter_, LogLevel::kWarning,
+             "uid %u: %llu post(s) its processes could not make (the shim over its budget, or the "
+             "client failed; %llu so far)",
+             static_cast<unsigned>(uid), static_cast<unsigned long long>(n),
+             static_cast<unsigned long long>(total.load(std::memory_order_relaxed)));
 }
 
 void Ingest::LaneDamaged(uint32_t r, uint32_t l, const char* why) {

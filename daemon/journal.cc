@@ -16,6 +16,7 @@
 #include <cstring>
 
 #include "little_endian.h"
+#include "lost_records.h"
 #include "post.h"
 #include "segment_writer.h"
 
@@ -375,8 +376,9 @@ Status JournalReader::OpenSegment(uint64_t seq, uint64_t offset, JournalPosition
   segment::ReaderOptions options;
   options.verify_payload = VerifyPostPayload;
   options.start_offset = std::max<uint64_t>(offset, segment::kHeaderBytes);
-  options.on_skip = [this](uint64_t, uint64_t bytes, segment::SkipReason) {
+  options.on_skip = [this](uint64_t at, uint64_t bytes, segment::SkipReason) {
     skipped_bytes_ += bytes;
+    lost_records_ += segment::CountLostRecords(source_.get(), at, bytes);
   };
   if (s = segment::SegmentReader::Open(source_.get(), options, &reader_); !s.ok()) {
     reader_.reset();
@@ -445,7 +447,13 @@ Status JournalReader::Next(JournalPosition limit, Entry* entry, bool* got) {
           if (reader_->torn_tail_bytes() == 0) pos_.offset = std::max(pos_.offset, limit.offset);
           return Status::Ok();
         }
-        skipped_bytes_ += reader_->torn_tail_bytes();
+        if (const uint64_t torn = reader_->torn_tail_bytes(); torn != 0) {
+          // A finished segment was complete: its torn tail is lost records,
+          // at least the one it starts with.
+          skipped_bytes_ += torn;
+          lost_records_ += std::max<uint64_t>(
+              1, segment::CountLostRecords(source_.get(), reader_->data_end(), torn));
+        }
         pos_ = JournalPosition{pos_.segment_seq + 1, segment::kHeaderBytes};
         reader_.reset();
         continue;

@@ -218,6 +218,9 @@ class JournalReader {
   void SkipSegment();
   JournalPosition position() const { return pos_; }
   uint64_t skipped_bytes() const { return skipped_bytes_; }
+  // The records those skipped bytes held (segment::CountLostRecords; a torn
+  // tail of a finished segment is at least one).
+  uint64_t lost_records() const { return lost_records_; }
 
  private:
   Status OpenSegment(uint64_t seq, uint64_t offset, JournalPosition limit);
@@ -232,6 +235,7 @@ class JournalReader {
   uint64_t open_seq_ = 0;
   uint64_t opened_limit_ = 0;  // the limit offset the reader was opened with
   uint64_t skipped_bytes_ = 0;
+  uint64_t lost_records_ = 0;
 };
 
 // The acked watermark: every record before it is confirmed by the broker.

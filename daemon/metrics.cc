@@ -42,12 +42,14 @@ std::string Metrics::RenderPrometheus() const {
   PS_COUNTER(ring_lanes_damaged_total, "Ring lanes whose bytes are not records, reset.");
   PS_COUNTER(ring_lanes_reclaimed_total, "Ring lanes of exited or closed processes, drained and freed.");
   PS_COUNTER(ring_wakeups_total, "Times a producer's doorbell woke the sleeping ingest loop.");
+  PS_COUNTER(shim_posts_dropped_total, "Posts that processes (the LD_PRELOAD shim) could not make, as their clients reported them through their uid's ring.");
   PS_GAUGE(rings, "Rings attached (including rings their users removed, read until the daemon stops).");
   PS_COUNTER(spool_segments_adopted_total, "Spool segments read to their end and journaled.");
   PS_COUNTER(spool_posts_journaled_total, "Posts adopted from the spool directory and journaled.");
   PS_COUNTER(spool_posts_deduplicated_total, "Spooled copies of posts already journaled, dropped.");
   PS_COUNTER(spool_posts_invalid_total, "Spooled posts that fail validation (their segment is quarantined).");
   PS_COUNTER(spool_bytes_damaged_total, "Bytes skipped inside spool segments (damage).");
+  PS_COUNTER(spool_records_lost_total, "Records lost in damaged spool segments: in the bytes skipped, or in a segment whose header is unreadable (quarantined).");
   PS_COUNTER(spool_bytes_torn_total, "Bytes of unfinished last records of spool segments.");
   PS_COUNTER(spool_files_quarantined_total, "Files moved to the quarantine directory.");
   PS_COUNTER(spool_seal_busy_total, "Sealing attempts that found a writer holding the lock (retried later).");
@@ -59,6 +61,7 @@ std::string Metrics::RenderPrometheus() const {
   PS_COUNTER(journal_write_errors_total, "Journal writes or syncs that failed.");
   PS_COUNTER(journal_bytes_skipped_total, "Journal bytes skipped as damaged by the forwarder.");
   PS_COUNTER(journal_segments_damaged_total, "Journal segments that could not be read, set aside in damaged/.");
+  PS_COUNTER(journal_records_lost_total, "Records lost in the journal: in the bytes skipped, or after the point where a damaged segment became unreadable.");
   PS_GAUGE(journal_bytes, "Allocated bytes of the journal segment files.");
   PS_COUNTER(published_total, "basic.publish calls, republications included.");
   PS_COUNTER(confirmed_total, "Posts confirmed by the broker (basic.ack).");

@@ -35,6 +35,10 @@ struct Metrics {
   Counter ring_lanes_damaged_total{0};       // a lane's bytes are not records: the lane is reset
   Counter ring_lanes_reclaimed_total{0};     // lanes of dead or closed owners, drained and freed
   Counter ring_wakeups_total{0};             // doorbell wake-ups of the sleeping ingest loop
+  // Posts that processes could not make (the shim over its budget, a failed
+  // post), as their clients added them to their uid's ring: a claim of the
+  // uid's processes, clamped per take (ring::kDroppedPerTakeMax), saturating.
+  Counter shim_posts_dropped_total{0};
   std::atomic<uint64_t> rings{0};            // gauge: rings attached
   // Ingest: spool. A "file" is anything in the spool directory; a
   // "segment" is a spool segment file (FORMAT.md).
@@ -43,6 +47,7 @@ struct Metrics {
   Counter spool_posts_deduplicated_total{0};  // spooled copies of journaled posts, dropped
   Counter spool_posts_invalid_total{0};       // fail validation: the segment is quarantined
   Counter spool_bytes_damaged_total{0};  // skipped inside segments (resynchronised past)
+  Counter spool_records_lost_total{0};   // records those bytes held (segment::CountLostRecords), and those of unreadable segments
   Counter spool_bytes_torn_total{0};     // unfinished last records (a writer died mid-write)
   Counter spool_files_quarantined_total{0};
   Counter spool_seal_busy_total{0};      // a segment's lock was held: sealing retried later
@@ -55,6 +60,7 @@ struct Metrics {
   Counter journal_write_errors_total{0};
   Counter journal_bytes_skipped_total{0};
   Counter journal_segments_damaged_total{0};  // unreadable segments skipped, kept in damaged/
+  Counter journal_records_lost_total{0};  // records in skipped bytes and unreadable segments (segment::CountLostRecords)
   std::atomic<uint64_t> journal_bytes{0};  // gauge
   // Forwarder.
   Counter published_total{0};

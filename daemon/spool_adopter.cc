@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "log.h"
+#include "lost_records.h"
 #include "segment_writer.h"
 
 namespace postspool::daemon {
@@ -223,12 +224,24 @@ Status SpoolAdopter::OpenCurrent(const std::string& name, uid_t uid) {
   Current* raw = c.get();
   options.on_skip = [this, raw](uint64_t offset, uint64_t bytes, segment::SkipReason reason) {
     raw->damaged_bytes += bytes;
+    const uint64_t lost = segment::CountLostRecords(raw->file->source(), offset, bytes);
     metrics_->spool_bytes_damaged_total.fetch_add(bytes, std::memory_order_relaxed);
-    Warn("%s: skipped %llu damaged bytes at offset %llu (%s); the other posts in it are kept",
+    metrics_->spool_records_lost_total.fetch_add(lost, std::memory_order_relaxed);
+    Warn("%s: skipped %llu damaged bytes at offset %llu (%s): %llu record(s) lost; the other "
+         "posts in it are kept",
          raw->name.c_str(), static_cast<unsigned long long>(bytes),
-         static_cast<unsigned long long>(offset), segment::SkipReasonName(reason));
+         static_cast<unsigned long long>(offset), segment::SkipReasonName(reason),
+         static_cast<unsigned long long>(lost));
   };
   if (Status s = segment::SegmentReader::Open(c->file->source(), options, &c->reader); !s.ok()) {
+    if (s.code() == StatusCode::kCorruption || s.code() == StatusCode::kUnsupported) {
+      // The whole segment goes to the quarantine: count what it held.
+      const uint64_t lost =
+          segment::CountLostRecords(c->file->source(), 0, c->file->source()->size());
+      metrics_->spool_records_lost_total.fetch_add(lost, std::memory_order_relaxed);
+      return Status(s.code(), s.message() + " (" + std::to_string(lost) + " record(s) lost)",
+                    s.sys_errno());
+    }
     return s;
   }
   current_ = std::move(c);

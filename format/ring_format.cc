@@ -1,5 +1,6 @@
 #include "ring_format.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -58,6 +59,16 @@ void Ring::RepairHeader(uint32_t uid) const {
   U32(kOffLaneBytes).store(lane_bytes_, std::memory_order_relaxed);
   U32(kOffUid).store(uid, std::memory_order_relaxed);
   U64(kOffMagic).store(kMagic, std::memory_order_release);
+}
+
+void AddDropped(const Ring& ring, uint64_t count) {
+  if (count != 0) ring.dropped().fetch_add(count, std::memory_order_relaxed);
+}
+
+uint64_t TakeDropped(const Ring& ring) {
+  // One load first: the common case (nothing dropped) writes nothing.
+  if (ring.dropped().load(std::memory_order_relaxed) == 0) return 0;
+  return std::min(ring.dropped().exchange(0, std::memory_order_relaxed), kDroppedPerTakeMax);
 }
 
 bool Ring::Open(std::span<std::byte> mem, Ring* out, std::string* why) {

@@ -49,6 +49,11 @@ inline constexpr size_t kOffLaneBytes = 16;    // u32: data bytes of a lane, a p
 inline constexpr size_t kOffUid = 20;          // u32: whose ring it is
 inline constexpr size_t kOffDurability = 24;   // u32: 0 accepted, 1 synced (the daemon's)
 inline constexpr size_t kOffFull = 28;         // u32: 1 = the daemon takes no more of this uid's posts (quota)
+// u64: posts that processes of the uid could not make (a shim over its
+// budget, a failed post), added by producers, taken (exchanged to 0) by the
+// daemon. Bytes 32..39 were zero and unread before, so the version stays 1:
+// an older daemon leaves the word alone, an older client never adds to it.
+inline constexpr size_t kOffDropped = 32;
 inline constexpr size_t kOffDoorbell = 64;     // u32 futex word: 1 = the daemon sleeps
 // Lane header fields (offsets from the lane's start).
 inline constexpr size_t kLaneOwner = 0;   // u64: 0 free, else an Identity
@@ -111,6 +116,7 @@ class Ring {
   std::atomic_ref<uint32_t> doorbell() const { return U32(kOffDoorbell); }
   std::atomic_ref<uint32_t> durability() const { return U32(kOffDurability); }
   std::atomic_ref<uint32_t> full() const { return U32(kOffFull); }
+  std::atomic_ref<uint64_t> dropped() const { return U64(kOffDropped); }
   std::atomic_ref<uint64_t> owner(uint32_t lane) const { return U64(LaneOffset(lane) + kLaneOwner); }
   std::atomic_ref<uint64_t> tail(uint32_t lane) const { return U64(LaneOffset(lane) + kLaneTail); }
   std::atomic_ref<uint64_t> head(uint32_t lane) const { return U64(LaneOffset(lane) + kLaneHead); }
@@ -160,8 +166,19 @@ AppendResult Append(const Ring& ring, uint32_t lane, uint64_t* tail, std::span<c
 // word. One load while the daemon is awake.
 bool TakeDoorbell(const Ring& ring);
 
+// Adds `count` to the ring's dropped-posts word (one atomic add; the sum
+// wraps at 2^64, which the daemon's clamp makes harmless).
+void AddDropped(const Ring& ring, uint64_t count);
+
 // ---------------------------------------------------------------------------
 // Daemon
+
+// The most posts one take of the dropped-posts word counts: every process
+// of the uid can write the word, so its value is a claim, not a fact.
+inline constexpr uint64_t kDroppedPerTakeMax = 1u << 20;
+// Takes the ring's dropped-posts word (exchanges it to 0) and returns it
+// clamped to kDroppedPerTakeMax.
+uint64_t TakeDropped(const Ring& ring);
 
 enum class ReadResult {
   kRecord,   // *payload is the next post's payload, in *buffer

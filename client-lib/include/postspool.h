@@ -32,7 +32,7 @@ extern "C" {
 #endif
 
 #define POSTSPOOL_VERSION_MAJOR 0
-#define POSTSPOOL_VERSION_MINOR 2
+#define POSTSPOOL_VERSION_MINOR 3
 
 /* Error codes: 0 is success, the others are negative. */
 enum postspool_error {
@@ -140,6 +140,18 @@ struct postspool_post_result {
  * delays). `result` may be NULL. */
 int postspool_post(postspool_client *client, const struct postspool_post *post,
                    struct postspool_post_result *result);
+
+/* Since 0.3: tells the daemon that this process could not make `count`
+ * posts (a shim's post over its budget, or one that postspool_post
+ * refused), so that they are counted on the node (metric
+ * shim_posts_dropped_total, postspool status), not only in the process. The
+ * count goes into the uid's shared-memory ring (FORMAT.md, "The
+ * shared-memory ring"), which is asked of the daemon first if the process
+ * has none. Returns 0 when the count is in the ring; POSTSPOOL_ENODAEMON
+ * when the process has no ring (the daemon is unreachable, refuses rings,
+ * or use_ring is 0): the count then stays with the caller. Never takes
+ * longer than the budget; a count of 0 does nothing. */
+int postspool_report_dropped(postspool_client *client, uint32_t count);
 
 /* A static description of an error code. */
 const char *postspool_strerror(int error);

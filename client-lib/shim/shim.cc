@@ -92,8 +92,10 @@ int (*g_real_main)(int, char**, char**) = nullptr;
 bool g_fork_child = false;
 
 // Posts the shim should have made and could not (see Dropped): this
-// process's count, and whether it said so on stderr yet.
+// process's count, how many of them reached the daemon's count
+// (postspool_report_dropped), and whether it said so on stderr yet.
 std::atomic<uint64_t> g_posts_dropped{0};
+std::atomic<uint64_t> g_posts_dropped_reported{0};
 std::atomic<bool> g_drop_said{false};
 
 // > 0 while this thread runs shim code: nothing it does is posted.
@@ -237,6 +239,7 @@ void AtForkChild() {
   g_pid.store(static_cast<pid_t>(::syscall(SYS_getpid)), std::memory_order_relaxed);
   g_fork_child = true;
   g_posts_dropped.store(0, std::memory_order_relaxed);  // a new process: its own count
+  g_posts_dropped_reported.store(0, std::memory_order_relaxed);
   g_drop_said.store(false, std::memory_order_relaxed);
   g_dups_lock.reset();
   g_recent_lock.reset();
@@ -334,7 +337,9 @@ void SayDropTotal() {
   const uint64_t n = g_posts_dropped.load(std::memory_order_relaxed);
   if (n == 0 || g_config == nullptr || !g_config->shim_debug) return;
   const std::string line =
-      "libpostspool-shim: " + std::to_string(n) + " post(s) not made in this process\n";
+      "libpostspool-shim: " + std::to_string(n) + " post(s) not made in this process, " +
+      std::to_string(g_posts_dropped_reported.load(std::memory_order_relaxed)) +
+      " of them counted by the daemon\n";
   (void)!::write(STDERR_FILENO, line.data(), line.size());
 }
 
@@ -353,6 +358,13 @@ bool Active() {
 // "POSTS NOT MADE").
 void Dropped(const char* what, const char* why) {
   const uint64_t n = g_posts_dropped.fetch_add(1, std::memory_order_relaxed) + 1;
+  // The node's count (shim_posts_dropped_total), through the uid's ring:
+  // without a client or a ring it stays in this process.
+  if (postspool_client* c = g_client.load(std::memory_order_acquire); c != nullptr) {
+    if (postspool_report_dropped(c, 1) == POSTSPOOL_OK) {
+      g_posts_dropped_reported.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
   std::string line = "libpostspool-shim: post of ";
   line += what != nullptr ? what : "(unknown)";
   line += " not made: ";

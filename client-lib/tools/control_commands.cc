@@ -250,11 +250,15 @@ void PrintStatus(const json& r) {
               static_cast<unsigned long long>(U(p, "unroutable")),
               static_cast<unsigned long long>(U(p, "republished")));
   std::printf("            unroutable dropped %llu; skipped as damaged: %llu unencodable "
-              "posts, %s of journal, %s of spool\n",
+              "posts, %s of journal (%llu records lost), %s of spool (%llu records lost)\n",
               static_cast<unsigned long long>(U(p, "unroutable_dropped")),
               static_cast<unsigned long long>(U(skip, "posts_unencodable")),
               Bytes(static_cast<double>(U(skip, "journal_bytes"))).c_str(),
-              Bytes(static_cast<double>(U(skip, "spool_bytes"))).c_str());
+              static_cast<unsigned long long>(U(skip, "journal_records_lost")),
+              Bytes(static_cast<double>(U(skip, "spool_bytes"))).c_str(),
+              static_cast<unsigned long long>(U(skip, "spool_records_lost")));
+  std::printf("            not made by the shim (its processes' count): %llu\n",
+              static_cast<unsigned long long>(U(p, "shim_posts_dropped")));
   std::printf("            refused: %llu full, %llu busy, %llu malformed, %llu invalid\n",
               static_cast<unsigned long long>(U(ref, "full")),
               static_cast<unsigned long long>(U(ref, "busy")),

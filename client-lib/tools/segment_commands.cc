@@ -23,6 +23,7 @@
 
 #include "exit_codes.h"
 #include "little_endian.h"
+#include "lost_records.h"
 #include "post.h"
 #include "segment_format.h"
 #include "segment_reader.h"
@@ -70,29 +71,13 @@ struct Damage {
   uint64_t lost_records = 0;  // CountLostRecords
 };
 
-// How many records the `bytes` at `offset` held: the record markers found
-// where a record can start (8-byte aligned, the marker after the 8-byte
-// checksum). A record whose marker itself was hit is not seen, so this is a
-// lower bound; it is what the damage cost in posts, which byte ranges alone
-// do not say. Garbage between records costs none.
+// How many records the `bytes` at `offset` of the file held
+// (segment::CountLostRecords, which the daemon uses too); 0 if the file
+// cannot be read.
 uint64_t CountLostRecords(int fd, uint64_t offset, uint64_t bytes) {
-  uint64_t found = 0;
-  std::vector<std::byte> buf(64 * 1024 + segment::kRecordHeaderBytes);
-  const uint64_t end = offset + bytes;
-  uint64_t at = (offset + segment::kRecordAlign - 1) / segment::kRecordAlign * segment::kRecordAlign;
-  while (at + 12 <= end) {
-    const uint64_t want = std::min<uint64_t>(buf.size(), end - at);
-    const ssize_t n = ::pread(fd, buf.data(), want, static_cast<off_t>(at));
-    if (n <= 0) break;
-    const uint64_t got = static_cast<uint64_t>(n);
-    uint64_t i = 0;
-    for (; i + 12 <= got; i += segment::kRecordAlign) {
-      if (LoadLe32(buf.data() + i + 8) == segment::kRecordMarker) ++found;
-    }
-    if (got < want) break;
-    at += std::max<uint64_t>(i, segment::kRecordAlign);
-  }
-  return found;
+  std::unique_ptr<segment::FileSource> source;
+  if (!segment::FileSource::Open(fd, &source).ok()) return 0;
+  return segment::CountLostRecords(source.get(), offset, bytes);
 }
 
 // What reading one segment found.

@@ -114,6 +114,7 @@ class TestJournal {
   CommitChannel* commits() { return &commits_; }
   JournalUsage* usage() { return &usage_; }
   const std::vector<PostData>& all() const { return all_; }
+  const std::vector<JournalPosition>& positions() const { return positions_; }
   std::vector<uint64_t> Segments() const {
     std::vector<uint64_t> seqs;
     EXPECT_TRUE(ListJournalSegments(writer_->dirfd(), &seqs).ok());
@@ -766,6 +767,10 @@ TEST_F(ForwarderBrokerTest, DamagedAndEmptySegmentsAreSetAsideAndEveryLaterPostI
   ASSERT_TRUE(ConsumeAll(readable, &received)) << received.Missing(readable);
   EXPECT_EQ(received.duplicates(), 0u);
   EXPECT_EQ(metrics_.journal_segments_damaged_total.load(), 2u);
+  // Issue 19: the loss as a count of records too. The damaged header cost
+  // every record of its segment; the empty file held none.
+  EXPECT_EQ(metrics_.journal_records_lost_total.load(), journal.PostsIn(segments[1]).size());
+  EXPECT_GT(metrics_.journal_records_lost_total.load(), 0u);
   // Kept aside, never deleted; the confirmed segments after them are freed.
   EXPECT_TRUE(WaitFor(
       [&] {
@@ -778,6 +783,41 @@ TEST_F(ForwarderBrokerTest, DamagedAndEmptySegmentsAreSetAsideAndEveryLaterPostI
   struct stat st;
   ASSERT_EQ(::stat((journal.path() + "/damaged").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 07777, 0700u);
+  EXPECT_TRUE(f.StopAndDrain(seconds(5)));
+}
+
+// Issue 19: damage inside a segment is reported as records lost, counted
+// as postspool verify counts them, not only as bytes skipped.
+TEST_F(ForwarderBrokerTest, DamagedRecordsInsideASegmentAreCountedAsRecordsLost) {
+  DeclareQueue();
+  TestJournal journal(64 * 1024);
+  journal.Append(22, 0, 40);
+  const std::vector<size_t> damaged = {3, 17, 29};
+  std::vector<PostData> intact;
+  for (size_t i = 0; i < journal.all().size(); ++i) {
+    if (std::find(damaged.begin(), damaged.end(), i) == damaged.end()) intact.push_back(journal.all()[i]);
+  }
+  for (size_t i : damaged) {
+    const JournalPosition at = journal.positions()[i];
+    UniqueFd fd(::openat(journal.dirfd(), JournalSegmentName(at.segment_seq).c_str(), O_RDWR));
+    ASSERT_TRUE(fd.valid());
+    char c = 0;
+    // A payload byte: the checksum fails, the record's marker stays.
+    ASSERT_EQ(::pread(fd.get(), &c, 1, static_cast<off_t>(at.offset + 20)), 1);
+    c = static_cast<char>(c ^ 0x5a);
+    ASSERT_EQ(::pwrite(fd.get(), &c, 1, static_cast<off_t>(at.offset + 20)), 1);
+  }
+  Config config = TestConfig();
+  config.journal_dir = journal.path();
+  Forwarder f(config, journal.dirfd(), journal.commits(), journal.usage(), &metrics_);
+  ASSERT_TRUE(f.Start().ok());
+  Received received;
+  ASSERT_TRUE(ConsumeAll(intact, &received)) << received.Missing(intact);
+  EXPECT_TRUE(WaitFor([&] { return metrics_.journal_records_lost_total.load() == damaged.size(); },
+                      seconds(5)))
+      << metrics_.journal_records_lost_total.load();
+  EXPECT_GT(metrics_.journal_bytes_skipped_total.load(), 0u);
+  EXPECT_EQ(metrics_.journal_segments_damaged_total.load(), 0u);
   EXPECT_TRUE(f.StopAndDrain(seconds(5)));
 }
 

@@ -41,7 +41,7 @@ TEST(ClientAbiTest, LibraryExportsOnlyPostspoolSymbols) {
   const std::set<std::string> api = {
       "postspool_options_init", "postspool_open",     "postspool_close",
       "postspool_post_init",    "postspool_post",     "postspool_strerror",
-      "postspool_last_error",
+      "postspool_last_error",   "postspool_report_dropped",
   };
   EXPECT_EQ(names, api) << out;
 }
@@ -74,6 +74,28 @@ TEST(ClientAbiTest, OpenWithNullOptionsUsesTheDefaults) {
   EXPECT_NE(client, nullptr);
   postspool_close(client);
   postspool_close(nullptr);  // harmless
+}
+
+// postspool_report_dropped (since 0.3): without a daemon there is no ring,
+// and the count stays with the caller; it says so and returns at once.
+TEST(ClientAbiTest, ReportDroppedWithoutADaemonSaysTheCountStaysLocal) {
+  EXPECT_EQ(postspool_report_dropped(nullptr, 1), POSTSPOOL_EINVAL);
+  postspool_options o;
+  postspool_options_init(&o);
+  o.socket_path = "/nonexistent/postspoold.sock";
+  o.spool_dir = "/nonexistent/spool";
+  postspool_client* client = nullptr;
+  ASSERT_EQ(postspool_open(&o, &client), POSTSPOOL_OK);
+  EXPECT_EQ(postspool_report_dropped(client, 0), POSTSPOOL_OK);  // nothing to report
+  EXPECT_EQ(postspool_report_dropped(client, 3), POSTSPOOL_ENODAEMON);
+  EXPECT_NE(std::string(postspool_last_error()), "");
+  o.use_ring = 0;
+  postspool_client* no_ring = nullptr;
+  ASSERT_EQ(postspool_open(&o, &no_ring), POSTSPOOL_OK);
+  EXPECT_EQ(postspool_report_dropped(no_ring, 1), POSTSPOOL_ENODAEMON);
+  EXPECT_NE(std::string(postspool_last_error()).find("use_ring"), std::string::npos);
+  postspool_close(no_ring);
+  postspool_close(client);
 }
 
 TEST(ClientAbiTest, OpenRefusesBadOptions) {

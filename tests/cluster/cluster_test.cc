@@ -215,9 +215,12 @@ class ClusterTest : public ::testing::Test {
     }
   }
 
-  Config ForwarderConfig() const {
+  // `first_node`: the node whose URL the list starts with (the forwarder
+  // connects to it first).
+  Config ForwarderConfig(int first_node = 0) const {
     Config c;
     c.post_broker = cluster_->urls();
+    std::rotate(c.post_broker.begin(), c.post_broker.begin() + first_node, c.post_broker.end());
     c.post_exchange = kExchange;
     c.heartbeat_s = 5;
     c.connect_timeout_ms = 3000;
@@ -229,10 +232,11 @@ class ClusterTest : public ::testing::Test {
   // once deliveries flow and returns the time from which "delivery resumed"
   // is measured. Then asserts that everything is confirmed and received.
   void RunScenario(const char* name, uint64_t writer,
-                   const std::function<Clock::time_point(Forwarder*, Producer*)>& fault) {
+                   const std::function<Clock::time_point(Forwarder*, Producer*)>& fault,
+                   int first_node = 0) {
     Producer producer;
     Metrics metrics;
-    Forwarder f(ForwarderConfig(), producer.dirfd(), producer.commits(), producer.usage(),
+    Forwarder f(ForwarderConfig(first_node), producer.dirfd(), producer.commits(), producer.usage(),
                 &metrics);
     ASSERT_TRUE(f.Start().ok());
     const Clock::time_point t0 = Clock::now();
@@ -320,6 +324,40 @@ TEST_F(ClusterTest, KillOfTheConnectedLeaderNodeLosesNothingAndDeliveryResumesWh
     std::printf("killed node %d (kill -9)\n", node);
     return at;  // it stays down until everything is delivered
   });
+}
+
+// Issue 19: kill -9 of a node the forwarder is not connected to. Its
+// connection stays up; if the killed node led the quorum queue, the queue
+// elects a new leader while the forwarder keeps publishing on that
+// connection (the case where 3.10 refused publishes on a connection opened
+// during the election). The queue is declared through node 0, which then
+// leads it, and the forwarder connects to node 1 first; the node killed is
+// the queue's leader when that is not the connected node, else the next.
+TEST_F(ClusterTest, KillOfAnotherNodeLosesNothingAndDeliveryResumesWhileItIsDown) {
+  RunScenario("kill -9 of another node", 6, [&](Forwarder* f, Producer*) {
+    const int connected = ConnectedNode(f);
+    EXPECT_GE(connected, 0);
+    int leader = -1;
+    std::string out;
+    for (int i = 0; i < BrokerCluster::kNodes && leader < 0; ++i) {
+      out.clear();
+      if (cluster_->node(i).Ctl({"list_queues", "--quiet", "--no-table-headers", "name", "leader"},
+                                &out) != 0) {
+        continue;
+      }
+      for (int n = 0; n < BrokerCluster::kNodes; ++n) {
+        const std::string want = queue_ + "\t" + cluster_->node(n).node_name();
+        if (out.find(want) != std::string::npos) leader = n;
+      }
+    }
+    const int victim =
+        leader >= 0 && leader != connected ? leader : (std::max(connected, 0) + 1) % BrokerCluster::kNodes;
+    const Clock::time_point at = Clock::now();
+    EXPECT_TRUE(cluster_->node(victim).Kill().ok());
+    std::printf("killed node %d (kill -9; connected to node %d, queue leader node %d)\n", victim,
+                connected, leader);
+    return at;  // it stays down until everything is delivered
+  }, /*first_node=*/1);
 }
 
 // A rolling restart: each node stopped gracefully and started again in

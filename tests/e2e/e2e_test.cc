@@ -651,6 +651,9 @@ TEST_P(EndToEnd, GarbageOnTheSocketAndDamagedSpoolFilesAreCountedAndGoodPostsArr
   EXPECT_GE(m["requests_malformed_total"], sent);
   EXPECT_GE(m["spool_files_quarantined_total"], 3u);  // bad header, junk, and the damaged one after adoption
   EXPECT_GT(m["spool_bytes_damaged_total"] + m["spool_bytes_torn_total"], 0u);
+  // Issue 19: the loss as a count of records: record 5 of the first segment,
+  // all 10 of the one with the damaged header, none in the junk file.
+  EXPECT_EQ(m["spool_records_lost_total"], 11u);
   EXPECT_EQ(daemon_->Stop(), 0);
 }
 

@@ -173,6 +173,38 @@ class Ops : public ::testing::Test {
     }
   }
 
+  // The CLI prints each post's transport. One process posts `count` posts
+  // (the ring is asked for on the first), with a budget no loaded machine
+  // runs out of: a post that went to the spool after its socket ack came
+  // late would be counted by the daemon under the socket (the spooled copy
+  // is dropped as a duplicate) and the test's count would be wrong.
+  void PostOnce(int count, const std::string& prefix, const std::string& socket,
+                std::map<std::string, int>* by_transport) {
+    std::string lines;
+    for (int i = 0; i < count; ++i) {
+      lines += "{\"relPath\": \"ops/" + prefix + std::to_string(i) + ".txt\"}\n";
+    }
+    std::string o, e;
+    ASSERT_EQ(RunProgram({cli_, "post", "--json", "--socket", socket, "--spool-dir",
+                          daemon_->spool_dir(), "--budget-ms", "10000"},
+                         &o, &e, lines),
+              0)
+        << o << e;
+    std::istringstream in(o);
+    for (std::string id, transport; in >> id >> transport;) ++(*by_transport)[transport];
+  }
+  // `ring` posts as a client posts by default (the ring), `socket` with the
+  // ring off, `spool` to a socket nobody listens on; counts what the CLI
+  // says took each.
+  void PostThroughEachTransport(int ring, int socket, int spool,
+                                std::map<std::string, int>* by_transport) {
+    PostOnce(ring, "r", daemon_->socket_path(), by_transport);
+    ::setenv("POSTSPOOL_RING", "0", 1);
+    PostOnce(socket, "s", daemon_->socket_path(), by_transport);
+    ::unsetenv("POSTSPOOL_RING");
+    PostOnce(spool, "f", daemon_->root() + "/run/nobody-listens.sock", by_transport);
+  }
+
   // Polls status until `pred` holds (at most `budget`); the last status.
   template <typename Pred>
   json WaitStatus(Pred pred, std::chrono::seconds budget = 60s) {
@@ -243,31 +275,8 @@ TEST_F(Ops, StatusCountsEveryTransportAndTheBacklogsOwnBytes) {
   EXPECT_NE(out.find("backlog     0 posts (0 B)"), std::string::npos) << out;
   EXPECT_EQ(out.find("at least"), std::string::npos) << out;
 
-  // The CLI prints each post's transport. One process posts `count` posts
-  // (the ring is asked for on the first), with a budget no loaded machine
-  // runs out of: a post that went to the spool after its socket ack came
-  // late would be counted by the daemon under the socket (the spooled copy
-  // is dropped as a duplicate) and the test's count would be wrong.
   std::map<std::string, int> by_transport;
-  const auto post = [&](int count, const std::string& prefix, const std::string& socket) {
-    std::string lines;
-    for (int i = 0; i < count; ++i) {
-      lines += "{\"relPath\": \"ops/" + prefix + std::to_string(i) + ".txt\"}\n";
-    }
-    std::string o, e;
-    ASSERT_EQ(RunProgram({cli_, "post", "--json", "--socket", socket, "--spool-dir",
-                          daemon_->spool_dir(), "--budget-ms", "10000"},
-                         &o, &e, lines),
-              0)
-        << o << e;
-    std::istringstream in(o);
-    for (std::string id, transport; in >> id >> transport;) ++by_transport[transport];
-  };
-  post(9, "r", daemon_->socket_path());  // the ring, as a client takes it by default
-  ::setenv("POSTSPOOL_RING", "0", 1);
-  post(7, "s", daemon_->socket_path());
-  ::unsetenv("POSTSPOOL_RING");
-  post(5, "f", daemon_->root() + "/run/nobody-listens.sock");
+  PostThroughEachTransport(9, 7, 5, &by_transport);
   EXPECT_EQ(by_transport["spool"], 5);
   EXPECT_EQ(by_transport["ring"] + by_transport["socket"] + by_transport["spool"], 21)
       << "transports printed: ring " << by_transport["ring"] << ", socket "
@@ -315,6 +324,67 @@ TEST_F(Ops, StatusCountsEveryTransportAndTheBacklogsOwnBytes) {
                            ", socket " + std::to_string(by_transport["socket"]) + ", spool 5), journaled 21";
   EXPECT_NE(out.find(want), std::string::npos) << out;
   EXPECT_NE(out.find("backlog     21 posts ("), std::string::npos) << out;
+}
+
+// Issue 19: with the broker up, every number of status --json against a
+// count the test knows once everything is confirmed: N posts through the
+// ring, M through the socket, K through the spool; and the metrics file
+// says the same as status.
+TEST_F(Ops, StatusNumbersEqualTheKnownCountsOnceEverythingIsConfirmed) {
+  ASSERT_TRUE(consumer_.DeclareBoundQueue(queue_, exchange_).ok());
+  StartDaemon(broker_->url());
+  std::map<std::string, int> by_transport;
+  PostThroughEachTransport(12, 8, 6, &by_transport);
+  constexpr int kAll = 12 + 8 + 6;
+  EXPECT_EQ(by_transport["spool"], 6);
+  EXPECT_EQ(by_transport["ring"] + by_transport["socket"] + by_transport["spool"], kAll);
+  const json j = WaitStatus([](const json& s) {
+    return s["posts"]["confirmed"] == kAll && s["backlog"]["posts"] == 0 &&
+           s["backlog"]["in_flight"] == 0;
+  });
+  const json& p = j["posts"];
+  EXPECT_EQ(p["received"]["ring"], by_transport["ring"]);
+  EXPECT_EQ(p["received"]["socket"], by_transport["socket"]);
+  EXPECT_EQ(p["received"]["spool"], by_transport["spool"]);
+  EXPECT_EQ(p["journaled"], kAll);
+  EXPECT_EQ(p["confirmed"], kAll);
+  // Every publication is a first one or a counted republication.
+  EXPECT_EQ(p["published"].get<uint64_t>(), kAll + p["republished"].get<uint64_t>());
+  EXPECT_EQ(p["nacked"], 0);
+  EXPECT_EQ(p["unroutable"], 0);
+  EXPECT_EQ(p["unroutable_dropped"], 0);
+  EXPECT_EQ(p["spool_duplicates_dropped"], 0);
+  EXPECT_EQ(p["shim_posts_dropped"], 0);
+  EXPECT_EQ(j["backlog"]["posts"], 0);
+  EXPECT_TRUE(j["backlog"]["posts_exact"].get<bool>());
+  EXPECT_EQ(j["backlog"]["bytes"], 0);
+  EXPECT_TRUE(j["healthy"].get<bool>()) << j["unhealthy_reasons"].dump();
+  std::vector<ReceivedMessage> got;
+  ASSERT_TRUE(consumer_.GetAll(queue_, &got).ok());
+  EXPECT_EQ(got.size(), static_cast<size_t>(kAll));
+
+  // The metrics file (written every 100 ms) names the same numbers.
+  std::map<std::string, uint64_t> m;
+  for (int i = 0; i < 50; ++i) {
+    m = daemon_->Metrics();
+    if (m["confirmed_total"] == kAll && m["backlog_posts"] == 0) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_EQ(m["ring_posts_journaled_total"], p["received"]["ring"].get<uint64_t>());
+  EXPECT_EQ(m["socket_posts_journaled_total"], p["received"]["socket"].get<uint64_t>());
+  EXPECT_EQ(m["spool_posts_journaled_total"], p["received"]["spool"].get<uint64_t>());
+  EXPECT_EQ(m["confirmed_total"], p["confirmed"].get<uint64_t>());
+  EXPECT_EQ(m["published_total"], p["published"].get<uint64_t>());
+  EXPECT_EQ(m["republished_total"], p["republished"].get<uint64_t>());
+  EXPECT_EQ(m["nacked_total"], p["nacked"].get<uint64_t>());
+  EXPECT_EQ(m["unroutable_total"], p["unroutable"].get<uint64_t>());
+  EXPECT_EQ(m["shim_posts_dropped_total"], p["shim_posts_dropped"].get<uint64_t>());
+  EXPECT_EQ(m["backlog_posts"], j["backlog"]["posts"].get<uint64_t>());
+  EXPECT_EQ(m["publish_in_flight"], j["backlog"]["in_flight"].get<uint64_t>());
+  std::printf("[ figures ] ring %d, socket %d, spool %d; published %llu, republished %llu\n",
+              by_transport["ring"], by_transport["socket"], by_transport["spool"],
+              static_cast<unsigned long long>(m["published_total"]),
+              static_cast<unsigned long long>(m["republished_total"]));
 }
 
 TEST_F(Ops, BrokerDownIsUnhealthyAndShutdownCountsEveryUnconfirmedPost) {

@@ -454,8 +454,8 @@ TEST_F(PackagingTest, RpmsBuildWithTheirFilesScriptletsAndDependencies) {
   const std::string top = work_ + "/rpmbuild";
   const CmdResult prep = Sh(
       "mkdir -p " + top + "/SOURCES && tar -C " + Quote(source_dir_) +
-      " --exclude='./build*' --exclude=./.git --exclude=./run --transform 's,^\\.,postspool-0.2.0,' "
-      "-czf " + top + "/SOURCES/postspool-0.2.0.tar.gz . && cp " + Quote(source_dir_) +
+      " --exclude='./build*' --exclude=./.git --exclude=./run --transform 's,^\\.,postspool-0.3.0,' "
+      "-czf " + top + "/SOURCES/postspool-0.3.0.tar.gz . && cp " + Quote(source_dir_) +
       "/packaging/systemd/postspool.sysusers " + top + "/SOURCES/");
   ASSERT_EQ(prep.status, 0) << prep.output;
   const auto t0 = Clock::now();
@@ -471,7 +471,7 @@ TEST_F(PackagingTest, RpmsBuildWithTheirFilesScriptletsAndDependencies) {
               std::chrono::duration<double>(Clock::now() - t0).count());
   const std::string rpms = top + "/RPMS/*/";
   auto rpm = [&](const std::string& name) {
-    return Trim(Sh("ls " + rpms + name + "-0.2.0-1*.rpm").output);
+    return Trim(Sh("ls " + rpms + name + "-0.3.0-1*.rpm").output);
   };
   const std::string daemon_rpm = rpm("postspool");
   const std::string lib_rpm = rpm("libpostspool");
@@ -542,7 +542,7 @@ TEST_F(PackagingTest, RpmsBuildWithTheirFilesScriptletsAndDependencies) {
   EXPECT_NE(lib_scripts.find("ldconfig"), std::string::npos) << lib_scripts;
 
   const std::string requires_ = Sh("rpm -qp --requires " + daemon_rpm).output;
-  for (const char* r : {"libpostspool(x86-64) = 0.2.0-1", "librabbitmq.so.4()(64bit)",
+  for (const char* r : {"libpostspool(x86-64) = 0.3.0-1", "librabbitmq.so.4()(64bit)",
                         "liburing.so.2()(64bit)"}) {
     EXPECT_NE(requires_.find(r), std::string::npos) << r << " not required:\n" << requires_;
   }

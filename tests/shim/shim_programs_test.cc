@@ -26,6 +26,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -576,9 +577,54 @@ TEST_F(ShimPrograms, PostsNotMadeAreSaidOncePerProcess) {
   EXPECT_EQ(debug.exit_code, 0) << debug.err;
   EXPECT_EQ(lines(debug.err, "libpostspool-shim: post of "), 3u) << debug.err;
   EXPECT_NE(debug.err.find("(3 in this process)"), std::string::npos) << debug.err;
-  EXPECT_NE(debug.err.find("libpostspool-shim: 3 post(s) not made in this process\n"),
+  EXPECT_NE(debug.err.find("libpostspool-shim: 3 post(s) not made in this process, 0 of them counted by the "
+                           "daemon\n"),
             std::string::npos)
       << debug.err;
+}
+
+// Issue 19: the posts a shim could not make reach the daemon's count
+// (shim_posts_dropped_total, through the uid's ring), not only the
+// process's stderr. A daemon with no broker and a small disk quota takes
+// posts until the quota is reached and refuses the rest (full): the
+// program's own count of posts not made, which it says at exit under
+// shim_debug, is what the daemon must show.
+TEST_F(ShimPrograms, PostsNotMadeAreCountedByTheDaemon) {
+  DaemonProcess::Options o;
+  o.broker_url = "amqp://guest:guest@127.0.0.1:" + std::to_string(UnusedPort()) + "/";
+  o.exchange = exchange_;
+  o.extra_config = {"disk_bytes_max = 256 KiB", "disk_bytes_per_uid_max = 256 KiB"};
+  DaemonProcess full(o);
+  ASSERT_TRUE(full.Start());
+  extra_options_ = {"shim_debug on"};
+  constexpr int kFiles = 2000;
+  const ProgramRun run =
+      RunProgram({POSTSPOOL_SHIM_WRITER, "threads", ".", "1", std::to_string(kFiles)}, work_,
+                 ShimEnv(full.socket_path(), full.spool_dir()), scratch_.path());
+  ASSERT_EQ(run.exit_code, 0) << run.err.substr(0, 2000);
+  // "libpostspool-shim: N post(s) not made in this process, M of them
+  // counted by the daemon"
+  static const std::regex kTotal(
+      R"(libpostspool-shim: (\d+) post\(s\) not made in this process, (\d+) of them counted by the daemon)");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(run.err, m, kTotal)) << run.err.substr(run.err.size() > 2000 ? run.err.size() - 2000 : 0);
+  const uint64_t not_made = std::stoull(m[1]);
+  const uint64_t reported = std::stoull(m[2]);
+  EXPECT_GT(not_made, 0u) << "the quota was never reached";
+  EXPECT_LT(not_made, static_cast<uint64_t>(kFiles)) << "nothing was taken before the quota";
+  EXPECT_EQ(reported, not_made) << "with the daemon up, every count reaches its ring";
+  uint64_t counted = 0;
+  for (int i = 0; i < 50; ++i) {
+    counted = full.Metrics()["shim_posts_dropped_total"];
+    if (counted >= not_made) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_EQ(counted, not_made);
+  EXPECT_NE(full.LogText().find("post(s) its processes could not make"), std::string::npos);
+  std::printf("[ report ] %llu of %d posts not made (quota), %llu counted by the daemon\n",
+              static_cast<unsigned long long>(not_made), kFiles,
+              static_cast<unsigned long long>(counted));
+  extra_options_.clear();
 }
 
 TEST_F(ShimPrograms, ForkedChildrenWriting) {
