@@ -189,6 +189,8 @@ class SimForwarder final : private FakeBroker::Handler {
   // Forwarder::OnJournalReadError: true when the reader may go on (the
   // segment is known damaged now), false to retry later.
   bool OnJournalReadError(const Status& why, Clock::time_point now);
+  // Forwarder::ReportDamagedSegment.
+  void ReportDamagedSegment(JournalPosition at, const Status& why);
   // Forwarder::SetAsideDamagedSegments.
   void SetAsideDamagedSegments(JournalPosition watermark);
   JournalPosition CheckpointWatermark() const;
@@ -234,6 +236,8 @@ class SimForwarder final : private FakeBroker::Handler {
   // Segments known to be damaged and not moved aside yet, by seq.
   std::map<uint64_t, Damaged> damaged_;
   int read_attempts_ = 0;
+  JournalPosition republish_failed_at_;
+  int republish_attempts_ = 0;
   uint64_t damaged_reported_ = 0;
   bool checkpoint_faulted_ = false;
   Clock::time_point next_checkpoint_at_{};
