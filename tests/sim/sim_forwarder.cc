@@ -204,6 +204,7 @@ Status SimForwarder::Start() {
   reconnect_at_ = Clock::time_point{};
   journal_retry_at_ = Clock::time_point{};
   next_checkpoint_at_ = Clock::time_point{};
+  idle_at_limit_ = JournalPosition{};
   return Status::Ok();
 }
 
@@ -242,6 +243,7 @@ void SimForwarder::Connect(Clock::time_point now) {
   // The window kept what the last channel confirmed; the reader goes on
   // where it was (publish_window.h, Reset).
   assert(window_->in_flight() == 0);
+  idle_at_limit_ = JournalPosition{};
 }
 
 void SimForwarder::ScheduleReconnect(Clock::time_point now) {
@@ -255,6 +257,7 @@ void SimForwarder::LoseConnection(Clock::time_point now) {
     connect_backoff_.Reset();
   }
   window_->Reset(now);
+  idle_at_limit_ = JournalPosition{};
   blocked_ = false;
   ScheduleReconnect(now);
 }
@@ -305,6 +308,7 @@ bool SimForwarder::Pump(Clock::time_point now) {
       read_attempts_ = 0;
       if (!got) {
         window_->OnReaderIdle(reader_.position());
+        idle_at_limit_ = std::max(idle_at_limit_, limit);
         break;
       }
       bool published = false;

@@ -1783,8 +1783,12 @@ bool World::Drained(std::string* why) {
       return false;
     }
   }
-  if (dp_->forwarder->watermark() < dp_->commits.end) {
-    *why = "the forwarder's watermark is behind the committed end of the journal";
+  if (!dp_->forwarder->Drained(dp_->commits.end)) {
+    const auto pos = [](JournalPosition p) {
+      return std::to_string(p.segment_seq) + ":" + std::to_string(p.offset);
+    };
+    *why = "the forwarder's watermark " + pos(dp_->forwarder->watermark()) +
+           " is behind the committed end of the journal " + pos(dp_->commits.end);
     return false;
   }
   bool pending = false;
@@ -1854,7 +1858,7 @@ void World::Round(bool producing) {
       dp_->drain_target = dp_->commits.end;
       dp_->drain_deadline = now + milliseconds(config_.shutdown_drain_ms);
     }
-    if (dp_->draining && (dp_->forwarder->watermark() >= dp_->drain_target ||
+    if (dp_->draining && (dp_->forwarder->Drained(dp_->drain_target) ||
                           now >= dp_->drain_deadline)) {
       FinishCleanStop();
       return;
