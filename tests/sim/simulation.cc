@@ -1614,7 +1614,8 @@ void World::CheckDamagedSegmentsKept(const std::string& when) {
     const bool lost = std::any_of(it->second.unconfirmed.begin(), it->second.unconfirmed.end(),
                                   [&ledger](const PostId& id) {
                                     auto l = ledger.find(id);
-                                    return l == ledger.end() || !l->second.confirmed;
+                                    return l == ledger.end() ||
+                                           !(l->second.confirmed || l->second.dropped);
                                   });
     if (!lost) {
       it = unreadable_segments_.erase(it);
