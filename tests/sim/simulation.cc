@@ -1162,7 +1162,13 @@ void World::CheckRingPosts() {
         Fail("ring_journaled_once",
              "ring post " + Hex(id) + " (producer " + std::to_string(p.client) +
                  ") was journaled " + std::to_string(l->second.positions.size()) +
-                 " times; copies:" + Locate(id));
+                 " times (published from" + [&] {
+                   std::string at;
+                   for (const JournalPosition& q : l->second.positions) {
+                     at += " " + std::to_string(q.segment_seq) + ":" + std::to_string(q.offset);
+                   }
+                   return at;
+                 }() + "); copies:" + Locate(id));
       }
       continue;
     }
