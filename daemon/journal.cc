@@ -278,12 +278,21 @@ Status JournalWriter::Install(NewJournalSegment segment) {
 }
 
 bool JournalWriter::NeedsSegment(uint64_t bytes) const {
+  // An uncut segment: Reserve() cuts it first (and creates the next).
+  if (uncut_) return false;
   return !fd_.valid() ||
          (end_.offset > segment::kHeaderBytes && end_.offset + bytes > options_.segment_bytes_max);
 }
 
 Status JournalWriter::Reserve(uint64_t bytes, Slot* slot) {
   assert(!reservation_open_);
+  if (uncut_) {
+    if (Status s = options_.storage->Truncate(fd_.get(), end_.offset); !s.ok()) {
+      return Status::FromErrno(s.sys_errno(), "cut a failed write off the journal");
+    }
+    uncut_ = false;
+    fd_.reset();
+  }
   if (NeedsSegment(bytes)) {
     if (Status s = Install(CreateJournalSegment(dirfd_.get(), next_seq_, options_.sync,
                                                 options_.storage));
@@ -314,8 +323,16 @@ void JournalWriter::Abandon() {
   // the disk: a restarted daemon would remember their ids and drop the
   // spooled copies of posts whose journal copy a power loss then takes (and
   // the forwarder would publish posts whose clients were told to spool
-  // them). Best effort: the segment is finished either way.
-  if (fd_.valid()) options_.storage->Truncate(fd_.get(), end_.offset).IgnoreError();
+  // them). The segment is finished either way; but while those bytes
+  // stay, the writer must not move on: the forwarder reads a segment that
+  // is not the newest to its end, past its committed end, and would
+  // publish the failed batch's posts while they are journaled again (a
+  // ring's records are read again, socket clients spool theirs). Reserve()
+  // tries the cut again first.
+  if (fd_.valid() && !options_.storage->Truncate(fd_.get(), end_.offset).ok()) {
+    uncut_ = true;
+    return;
+  }
   fd_.reset();
 }
 

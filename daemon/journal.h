@@ -153,7 +153,10 @@ class JournalWriter {
   // The reserved bytes are written; returns the new end.
   JournalPosition Committed();
   // The write of the reserved bytes failed: the segment is finished (its
-  // tail may be torn) and the next Reserve starts a new one.
+  // tail may be torn) and the next Reserve starts a new one. What the write
+  // left past the committed end is cut off first; while that fails, the
+  // segment stays the current one and every Reserve tries the cut again
+  // (and fails while it fails).
   void Abandon();
 
   // Synchronous convenience for tests and the epoll backend: Reserve,
@@ -180,6 +183,8 @@ class JournalWriter {
   JournalPosition end_;
   uint64_t reserved_ = 0;
   bool reservation_open_ = false;
+  // Abandon() could not cut the failed write off: fd_ is kept for the cut.
+  bool uncut_ = false;
 };
 
 // Reads journal records in order from a position up to a limit, moving from

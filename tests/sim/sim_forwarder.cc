@@ -204,6 +204,7 @@ Status SimForwarder::Start() {
   reconnect_at_ = Clock::time_point{};
   journal_retry_at_ = Clock::time_point{};
   next_checkpoint_at_ = Clock::time_point{};
+  idle_at_limit_ = JournalPosition{};
   return Status::Ok();
 }
 
@@ -242,6 +243,7 @@ void SimForwarder::Connect(Clock::time_point now) {
   // The window kept what the last channel confirmed; the reader goes on
   // where it was (publish_window.h, Reset).
   assert(window_->in_flight() == 0);
+  idle_at_limit_ = JournalPosition{};
 }
 
 void SimForwarder::ScheduleReconnect(Clock::time_point now) {
@@ -255,6 +257,7 @@ void SimForwarder::LoseConnection(Clock::time_point now) {
     connect_backoff_.Reset();
   }
   window_->Reset(now);
+  idle_at_limit_ = JournalPosition{};
   blocked_ = false;
   ScheduleReconnect(now);
 }
@@ -289,7 +292,14 @@ bool SimForwarder::Pump(Clock::time_point now) {
       }
       daemon::JournalReader::Entry entry;
       bool got = false;
+      const uint64_t skipped_before = reader_.skipped_bytes();
       const Status rs = reader_.Next(limit, &entry, &got);
+      if (reader_.skipped_bytes() != skipped_before) {
+        node_->Trace("forwarder: skipped " +
+                     std::to_string(reader_.skipped_bytes() - skipped_before) +
+                     " damaged bytes after " + std::to_string(before.segment_seq) + ":" +
+                     std::to_string(before.offset));
+      }
       if (!rs.ok()) {
         node_->Trace("forwarder: cannot read the journal: " + rs.ToString());
         if (OnJournalReadError(rs, now)) continue;
@@ -298,6 +308,7 @@ bool SimForwarder::Pump(Clock::time_point now) {
       read_attempts_ = 0;
       if (!got) {
         window_->OnReaderIdle(reader_.position());
+        idle_at_limit_ = std::max(idle_at_limit_, limit);
         break;
       }
       bool published = false;
@@ -351,12 +362,32 @@ bool SimForwarder::Republish(const daemon::PublishWindow::Due& due, Clock::time_
   daemon::JournalReader::Entry entry;
   bool got = false;
   if (Status rs = retry_reader_.Next(due.next, &entry, &got); !rs.ok()) {
-    journal_retry_at_ = now + kJournalRetryDelay;
+    // As forwarder.cc: a damaged header (or a read failing kJournalReadAttempts
+    // times) reports the segment damaged and gives the post up; retrying a
+    // damaged header forever would stop forwarding for good.
+    if (republish_failed_at_ != due.position) {
+      republish_failed_at_ = due.position;
+      republish_attempts_ = 0;
+    }
+    const bool damaged = rs.code() == StatusCode::kCorruption ||
+                         rs.code() == StatusCode::kUnsupported ||
+                         damaged_.contains(due.position.segment_seq);
+    if (!damaged && ++republish_attempts_ < kJournalReadAttempts) {
+      node_->Trace("forwarder: cannot read a post again: " + rs.ToString());
+      journal_retry_at_ = now + kJournalRetryDelay;
+      return true;
+    }
+    republish_attempts_ = 0;
+    ReportDamagedSegment(due.position, rs);
+    window_->OnUnreadable(due.handle);
     return true;
   }
   Status es;
   if (got && entry.position == due.position) es = EncodePost(PostFromPayload(entry.payload));
   if (!got || entry.position != due.position || !es.ok()) {
+    node_->Trace("forwarder: post at " + std::to_string(due.position.segment_seq) + ":" +
+                 std::to_string(due.position.offset) + " can no longer be read (got " +
+                 std::to_string(got) + ")");
     window_->OnUnreadable(due.handle);
     return true;
   }
@@ -431,11 +462,15 @@ bool SimForwarder::OnJournalReadError(const Status& why, Clock::time_point now) 
     return false;
   }
   read_attempts_ = 0;
-  damaged_.emplace(at.segment_seq, Damaged{at});
+  ReportDamagedSegment(at, why);
+  return true;
+}
+
+void SimForwarder::ReportDamagedSegment(JournalPosition at, const Status& why) {
+  if (!damaged_.emplace(at.segment_seq, Damaged{at}).second) return;
   ++damaged_reported_;
   node_->Trace("forwarder: journal segment " + std::to_string(at.segment_seq) +
                " is damaged: " + why.ToString());
-  return true;
 }
 
 JournalPosition SimForwarder::CheckpointWatermark() const {

@@ -169,6 +169,15 @@ class SimForwarder final : private FakeBroker::Handler {
   void Stop(Clock::time_point now);
 
   JournalPosition watermark() const { return window_->watermark(); }
+  // Forwarder::Drained: nothing in the window, and the watermark or the
+  // limit at which the reader last found nothing more is at `target`. The
+  // watermark alone may stay behind the committed end for good: after a
+  // restart that journals nothing, the committed end is the start of a
+  // segment the writer has not created (JournalWriter creates it at the
+  // first Reserve), and the reader stops at the missing segment before it.
+  bool Drained(JournalPosition target) const {
+    return window_->size() == 0 && (window_->watermark() >= target || idle_at_limit_ >= target);
+  }
   JournalPosition stored_checkpoint() const { return stored_checkpoint_; }
   // The last attempt to open or write the checkpoint failed.
   bool checkpoint_faulted() const { return checkpoint_faulted_; }
@@ -189,6 +198,8 @@ class SimForwarder final : private FakeBroker::Handler {
   // Forwarder::OnJournalReadError: true when the reader may go on (the
   // segment is known damaged now), false to retry later.
   bool OnJournalReadError(const Status& why, Clock::time_point now);
+  // Forwarder::ReportDamagedSegment.
+  void ReportDamagedSegment(JournalPosition at, const Status& why);
   // Forwarder::SetAsideDamagedSegments.
   void SetAsideDamagedSegments(JournalPosition watermark);
   JournalPosition CheckpointWatermark() const;
@@ -233,7 +244,10 @@ class SimForwarder final : private FakeBroker::Handler {
   };
   // Segments known to be damaged and not moved aside yet, by seq.
   std::map<uint64_t, Damaged> damaged_;
+  JournalPosition idle_at_limit_;
   int read_attempts_ = 0;
+  JournalPosition republish_failed_at_;
+  int republish_attempts_ = 0;
   uint64_t damaged_reported_ = 0;
   bool checkpoint_faulted_ = false;
   Clock::time_point next_checkpoint_at_{};

@@ -1162,7 +1162,13 @@ void World::CheckRingPosts() {
         Fail("ring_journaled_once",
              "ring post " + Hex(id) + " (producer " + std::to_string(p.client) +
                  ") was journaled " + std::to_string(l->second.positions.size()) +
-                 " times; copies:" + Locate(id));
+                 " times (published from" + [&] {
+                   std::string at;
+                   for (const JournalPosition& q : l->second.positions) {
+                     at += " " + std::to_string(q.segment_seq) + ":" + std::to_string(q.offset);
+                   }
+                   return at;
+                 }() + "); copies:" + Locate(id));
       }
       continue;
     }
@@ -1614,7 +1620,8 @@ void World::CheckDamagedSegmentsKept(const std::string& when) {
     const bool lost = std::any_of(it->second.unconfirmed.begin(), it->second.unconfirmed.end(),
                                   [&ledger](const PostId& id) {
                                     auto l = ledger.find(id);
-                                    return l == ledger.end() || !l->second.confirmed;
+                                    return l == ledger.end() ||
+                                           !(l->second.confirmed || l->second.dropped);
                                   });
     if (!lost) {
       it = unreadable_segments_.erase(it);
@@ -1783,8 +1790,12 @@ bool World::Drained(std::string* why) {
       return false;
     }
   }
-  if (dp_->forwarder->watermark() < dp_->commits.end) {
-    *why = "the forwarder's watermark is behind the committed end of the journal";
+  if (!dp_->forwarder->Drained(dp_->commits.end)) {
+    const auto pos = [](JournalPosition p) {
+      return std::to_string(p.segment_seq) + ":" + std::to_string(p.offset);
+    };
+    *why = "the forwarder's watermark " + pos(dp_->forwarder->watermark()) +
+           " is behind the committed end of the journal " + pos(dp_->commits.end);
     return false;
   }
   bool pending = false;
@@ -1854,7 +1865,7 @@ void World::Round(bool producing) {
       dp_->drain_target = dp_->commits.end;
       dp_->drain_deadline = now + milliseconds(config_.shutdown_drain_ms);
     }
-    if (dp_->draining && (dp_->forwarder->watermark() >= dp_->drain_target ||
+    if (dp_->draining && (dp_->forwarder->Drained(dp_->drain_target) ||
                           now >= dp_->drain_deadline)) {
       FinishCleanStop();
       return;
