@@ -26,7 +26,6 @@
 #include <map>
 #include <memory>
 #include <set>
-#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -604,12 +603,20 @@ TEST_F(ShimPrograms, PostsNotMadeAreCountedByTheDaemon) {
   ASSERT_EQ(run.exit_code, 0) << run.err.substr(0, 2000);
   // "libpostspool-shim: N post(s) not made in this process, M of them
   // counted by the daemon"
-  static const std::regex kTotal(
-      R"(libpostspool-shim: (\d+) post\(s\) not made in this process, (\d+) of them counted by the daemon)");
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(run.err, m, kTotal)) << run.err.substr(run.err.size() > 2000 ? run.err.size() - 2000 : 0);
-  const uint64_t not_made = std::stoull(m[1]);
-  const uint64_t reported = std::stoull(m[2]);
+  // (No std::regex: GCC 12 warns falsely inside it under ASan.)
+  const std::string kSuffix = " post(s) not made in this process, ";
+  const size_t at = run.err.find(kSuffix);
+  ASSERT_NE(at, std::string::npos) << run.err.substr(run.err.size() > 2000 ? run.err.size() - 2000 : 0);
+  const size_t line = run.err.rfind('\n', at);
+  unsigned long long not_made_count = 0, reported_count = 0;
+  ASSERT_EQ(std::sscanf(run.err.c_str() + (line == std::string::npos ? 0 : line + 1),
+                        "libpostspool-shim: %llu post(s) not made in this process, %llu of them "
+                        "counted by the daemon",
+                        &not_made_count, &reported_count),
+            2)
+      << run.err.substr(line == std::string::npos ? 0 : line + 1, 300);
+  const uint64_t not_made = not_made_count;
+  const uint64_t reported = reported_count;
   EXPECT_GT(not_made, 0u) << "the quota was never reached";
   EXPECT_LT(not_made, static_cast<uint64_t>(kFiles)) << "nothing was taken before the quota";
   EXPECT_EQ(reported, not_made) << "with the daemon up, every count reaches its ring";
