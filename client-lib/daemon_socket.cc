@@ -173,6 +173,15 @@ DaemonSocket::SendOutcome DaemonSocket::Send(std::span<const std::byte> header,
 DaemonSocket::Result DaemonSocket::AwaitAck(uint64_t request_id, uint16_t record_count,
                                             Deadline deadline, int* ring_id) {
   const auto sent_at = Clock::now();
+  bool gave_up = false;
+  // A connection whose reading side this call shut is not used again.
+  struct CloseIfShut {
+    DaemonSocket* socket;
+    const bool* shut;
+    ~CloseIfShut() {
+      if (*shut) socket->fd_.reset();
+    }
+  } close_if_shut{this, &gave_up};
   // Room for more than an ack, so that a longer packet shows as one (its
   // real length comes back through MSG_TRUNC).
   alignas(8) std::array<std::byte, 2 * wire::kAckBytes> buf;
@@ -254,16 +263,26 @@ DaemonSocket::Result DaemonSocket::AwaitAck(uint64_t request_id, uint16_t record
       }
       return Fail("unknown acknowledgement status", false);  // DecodeAck rules this out
     }
-    if (n == 0) return Fail("connection closed by the daemon before the acknowledgement", false);
-    const int err = errno;
-    if (err == EINTR) continue;
-    if (err == EAGAIN || err == EWOULDBLOCK) {
-      if (WaitFor(fd_.get(), POLLIN, deadline)) continue;
+    const int err = n == 0 ? 0 : errno;
+    if (n < 0 && err == EINTR) continue;
+    if (gave_up && (n == 0 || err == EAGAIN || err == EWOULDBLOCK)) {
       // Dropping the connection makes sure that this request's late ack is
       // never read as the next request's.
       // No back-off: a daemon slow under load answers the next post in
       // time, and a hung one costs each post only the socket's share.
       return Fail("no acknowledgement after " + Milliseconds(Clock::now() - sent_at), false);
+    }
+    if (n == 0) return Fail("connection closed by the daemon before the acknowledgement", false);
+    if (err == EAGAIN || err == EWOULDBLOCK) {
+      if (WaitFor(fd_.get(), POLLIN, deadline)) continue;
+      // The caller spools this request's posts now. Shutting the reading
+      // side first makes that unambiguous: from here on the daemon's
+      // acknowledgement fails (EPIPE), so it knows the posts it journaled
+      // will come again from the spool (socket_acks_undelivered_total), and
+      // an acknowledgement that came just before is still read, once more.
+      ::shutdown(fd_.get(), SHUT_RD);
+      gave_up = true;
+      continue;
     }
     return Fail(ErrnoText("receive from " + path_, err), false);
   }

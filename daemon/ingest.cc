@@ -41,6 +41,7 @@ Ingest::Ingest(const Config& config, Metrics* metrics, Ports ports, std::string 
       ports_(ports),
       adopter_(config, metrics, ports.spool, ports.clock),
       recent_ids_(config.dedupe_window_posts, dedupe_key),
+      late_ids_(config.dedupe_window_posts / 4, dedupe_key),
       hostname_(std::move(hostname)),
       adoption_backoff_(kAdoptionRetryInitialMs, kAdoptionRetryMaxMs, seed) {
   // Adoption moves a uid's posts from its spool segments into the journal
@@ -233,6 +234,15 @@ void Ingest::HandleRequest(int fd, const Conn& conn, std::span<const std::byte> 
     uint32_t len = 0;
     (void)segment::CheckFrame(rest, segment::kRecordPayloadMax, &len);
     const auto payload = rest.subspan(segment::kRecordHeaderBytes, len);
+    rest = rest.subspan(segment::RecordBytes(len));
+    if (const fb::PostId* fid = PostFromPayload(payload).id();
+        recent_ids_.Contains(PostId{fid->hi(), fid->lo()})) {
+      // Journaled already: its client spooled it when this request's
+      // budget ran out, and adoption got to the spooled copy first.
+      // Acknowledged all the same.
+      metrics_->socket_posts_deduplicated_total.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
     if (Status s = Stamp(payload, conn.peer.uid, conn.peer.gid, conn.peer.pid, &filling_); !s.ok()) {
       const uint64_t taken = filling_.bytes.size() - mark;
       filling_.bytes.resize(mark);
@@ -242,10 +252,11 @@ void Ingest::HandleRequest(int fd, const Conn& conn, std::span<const std::byte> 
       return Refuse(fd, conn, &h, wire::AckStatus::kMalformed, &metrics_->requests_invalid_total,
                     why.c_str());
     }
-    rest = rest.subspan(segment::RecordBytes(len));
   }
-  filling_.records += h.record_count;
-  filling_.acks.push_back(PendingAck{fd, conn.gen, h.request_id, h.record_count});
+  const auto taken = static_cast<uint32_t>(filling_.ids.size() - ids_mark);
+  filling_.records += taken;
+  filling_.acks.push_back(
+      PendingAck{fd, conn.gen, h.request_id, h.record_count, static_cast<uint32_t>(ids_mark), taken});
 }
 
 Status Ingest::Stamp(std::span<const std::byte> payload, uid_t uid, std::optional<gid_t> gid,
@@ -278,16 +289,19 @@ Status Ingest::Stamp(std::span<const std::byte> payload, uid_t uid, std::optiona
   return Status::Ok();
 }
 
-void Ingest::SendAck(int fd, uint32_t gen, const wire::Ack& ack) {
+bool Ingest::SendAck(int fd, uint32_t gen, const wire::Ack& ack) {
   auto it = conns_.find(fd);
-  if (it == conns_.end() || it->second.gen != gen) return;  // that client is gone
+  if (it == conns_.end() || it->second.gen != gen) return false;  // that client is gone
   std::array<std::byte, wire::kAckBytes> raw;
   wire::EncodeAck(ack, raw);
   if (!loop_->Send(fd, raw)) {
-    // The client does not read its acks (or is gone): drop it. Its posts are
-    // journaled; it may spool them too, which makes duplicates, not loss.
+    // The client does not read its acks, is gone, or gave up on this one
+    // (it shut its reading side: EPIPE): drop it. Its posts are journaled,
+    // and it spools them too (BatchCommitted remembers their ids).
     loop_->RemoveConnection(fd);
+    return false;
   }
+  return true;
 }
 
 // ---------------------------------------------------------------------------
@@ -307,7 +321,7 @@ void Ingest::FeedAdoption(Clock::time_point now) {
          adopter_.Next(&a)) {
     const fb::PostId* fid = PostFromPayload(a.payload).id();
     const PostId id{fid->hi(), fid->lo()};
-    if (recent_ids_.Contains(id)) {
+    if (late_ids_.Remove(id) || recent_ids_.Contains(id)) {
       // Journaled already: from the socket (the client spooled it too
       // because the acknowledgement came too late for it), or from this
       // spool segment before the daemon restarted mid-adoption.
@@ -339,10 +353,12 @@ void Ingest::FeedAdoption(Clock::time_point now) {
 void Ingest::StartWrite() {
   if (write_in_flight_) return;
   if (filling_.records == 0) {
-    // Ring records that were all dropped (duplicates, invalid): nothing to
-    // journal, but their lanes' heads move on.
-    if (!filling_.lane_ends.empty()) {
+    // Records that were all dropped (duplicates, invalid ring posts):
+    // nothing to journal, but their lanes' heads move on, and their
+    // requests are acknowledged.
+    if (!filling_.lane_ends.empty() || !filling_.acks.empty()) {
       std::swap(filling_, writing_);
+      AcknowledgeWriting();
       RingsCommitted();
       writing_.Clear();
     }
@@ -403,6 +419,19 @@ void Ingest::OnIoDone(uint64_t cookie, int64_t result) {
   }
 }
 
+void Ingest::AcknowledgeWriting() {
+  for (const PendingAck& a : writing_.acks) {
+    if (SendAck(a.fd, a.gen, wire::Ack{wire::AckStatus::kAccepted, a.request_id, a.records})) {
+      continue;
+    }
+    // Journaled, but the client did not get its acknowledgement: it spools
+    // these posts (or did already), and their spooled copies may come long
+    // after recent_ids_ forgot them.
+    metrics_->socket_acks_undelivered_total.fetch_add(1, std::memory_order_relaxed);
+    late_ids_.AddAll(std::span(writing_.ids).subspan(a.first_id, a.taken));
+  }
+}
+
 void Ingest::BatchCommitted() {
   const JournalPosition end = ports_.journal->Committed();
   ports_.journal->Publish(end);
@@ -413,9 +442,7 @@ void Ingest::BatchCommitted() {
     journal_bytes_of_[uid] += bytes;
   }
   recent_ids_.AddAll(writing_.ids);
-  for (const PendingAck& a : writing_.acks) {
-    SendAck(a.fd, a.gen, wire::Ack{wire::AckStatus::kAccepted, a.request_id, a.records});
-  }
+  AcknowledgeWriting();
   RingsCommitted();
   metrics_->socket_posts_journaled_total.fetch_add(
       writing_.records - writing_.adopted - writing_.ringed, std::memory_order_relaxed);

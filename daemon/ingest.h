@@ -132,7 +132,9 @@ class Ingest final : public IoCallbacks {
     int fd;
     uint32_t gen;
     uint64_t request_id;
-    uint32_t records;
+    uint32_t records;   // in the request
+    uint32_t first_id;  // the ids of those journaled are Batch::ids[first_id, first_id + taken)
+    uint32_t taken;     // records less those journaled already (deduplicated)
   };
   // One group-commit write: the framed records and whom to acknowledge.
   struct Batch {
@@ -150,7 +152,12 @@ class Ingest final : public IoCallbacks {
   void HandleRequest(int fd, const Conn& conn, std::span<const std::byte> packet, bool truncated);
   void Refuse(int fd, const Conn& conn, const wire::RequestHeader* header, wire::AckStatus status,
               Metrics::Counter* counter, const char* why);
-  void SendAck(int fd, uint32_t gen, const wire::Ack& ack);
+  // False if the acknowledgement did not reach the client's socket (the
+  // client is gone, or gave up on it: DaemonSocket::AwaitAck).
+  bool SendAck(int fd, uint32_t gen, const wire::Ack& ack);
+  // Sends the accepted acknowledgements of writing_ (journaled, or all of
+  // its records were already).
+  void AcknowledgeWriting();
   // Stamps the trusted origin (and the default base URL) into a verified
   // post, validates it and appends it, framed, to `batch`. Not ok (with
   // the reason) if the post may not be accepted.
@@ -192,6 +199,11 @@ class Ingest final : public IoCallbacks {
   IoLoop* loop_ = nullptr;
   SpoolAdopter adopter_;
   RecentIds recent_ids_;
+  // The ids of socket posts journaled whose acknowledgement did not reach
+  // the client: it spools them. Few, so they are remembered far longer
+  // than recent_ids_ would (a quarter of dedupe_window_posts of them), and
+  // each is forgotten once its spooled copy is dropped.
+  RecentIds late_ids_;
   std::string hostname_;
   flatbuffers::FlatBufferBuilder builder_;
   std::vector<std::byte> stamp_buffer_;

@@ -33,6 +33,10 @@ std::string Metrics::RenderPrometheus() const {
   PS_COUNTER(requests_refused_busy_total, "Requests refused as busy: the group-commit batch is full (the client spools).");
   PS_COUNTER(requests_unavailable_total, "Requests refused: the journal write failed (the client spools).");
   PS_COUNTER(socket_posts_journaled_total, "Posts received over the socket and journaled.");
+  PS_COUNTER(socket_posts_deduplicated_total,
+             "Socket posts already journaled (the client spooled them when the budget ran out, and adoption came first), acknowledged and dropped.");
+  PS_COUNTER(socket_acks_undelivered_total,
+             "Acknowledgements of journaled requests that did not reach their client (gone, or it gave up and spooled the posts).");
   PS_COUNTER(posts_fields_dropped_total, "Posts journaled with fields dropped.");
   PS_COUNTER(ring_requests_total, "Processes that asked for their uid's ring.");
   PS_COUNTER(ring_requests_refused_total, "Ring requests refused (rings off, ring_uids_max reached, the segment could not be made).");

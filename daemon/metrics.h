@@ -23,6 +23,8 @@ struct Metrics {
   Counter requests_refused_busy_total{0};  // the group-commit batch is full
   Counter requests_unavailable_total{0};   // the journal write failed
   Counter socket_posts_journaled_total{0};
+  Counter socket_acks_undelivered_total{0};  // journaled, but the client was gone or gave up
+  Counter socket_posts_deduplicated_total{0};  // already journaled (its spooled copy came first)
   // Posts without an origin slot that carried fields of a newer schema:
   // rebuilt to stamp them, which dropped those fields (post_stamp.h).
   Counter posts_fields_dropped_total{0};

@@ -69,6 +69,9 @@ class RecentIds {
     }
   }
   bool Contains(const PostId& id) const { return capacity_ != 0 && Find(id, HashOf(id)) != kNone; }
+  // Forgets `id`; false if it was not held. Its place in the FIFO stays
+  // taken until the place comes round (Erase then finds nothing).
+  bool Remove(const PostId& id) { return capacity_ != 0 && Erase(id); }
   // The longest probe sequence: what one look-up may have to walk.
   size_t LongestChain() const {
     size_t longest = 0;
@@ -109,9 +112,9 @@ class RecentIds {
     return kNone;
   }
   // Backward-shift deletion: no tombstones, so probe sequences stay short.
-  void Erase(const PostId& id) {
+  bool Erase(const PostId& id) {
     size_t i = Find(id, HashOf(id));
-    if (i == kNone) return;
+    if (i == kNone) return false;
     for (size_t j = (i + 1) & mask_; slots_[j].used; j = (j + 1) & mask_) {
       const size_t home = slots_[j].hash & mask_;
       // Slot j may move back to i only if its home is not in (i, j].
@@ -121,6 +124,7 @@ class RecentIds {
       i = j;
     }
     slots_[i].used = false;
+    return true;
   }
 
   size_t capacity_;
