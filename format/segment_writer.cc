@@ -142,9 +142,17 @@ Status CreateFileComplete(int dirfd, const std::string& name, std::span<const st
     // for reading without read permission. Where the descriptor allows it,
     // the directory is fsync'ed as well, as POSIX asks. Never syncfs: it
     // would write out every dirty page of the filesystem, anyone's.
-    if (::fsync(fd.get()) != 0) return Status::FromErrno(errno, "sync segment " + name);
-    if (NewNameSyncFor(dirfd) == NewNameSync::kFileAndDirectory && ::fsync(dirfd) != 0) {
-      return Status::FromErrno(errno, "sync spool directory");
+    // If either fails the name is there but may not survive a power loss:
+    // the file is handed back with the error, for the caller to move aside.
+    Status synced = Status::Ok();
+    if (::fsync(fd.get()) != 0) {
+      synced = Status::FromErrno(errno, "sync segment " + name);
+    } else if (NewNameSyncFor(dirfd) == NewNameSync::kFileAndDirectory && ::fsync(dirfd) != 0) {
+      synced = Status::FromErrno(errno, "sync spool directory");
+    }
+    if (!synced.ok()) {
+      *out = std::move(fd);
+      return synced;
     }
   }
   *out = std::move(fd);
@@ -283,10 +291,14 @@ Status SegmentAppender::OpenCurrent() {
       // not write, ENXIO, ...) or a directory problem that creating a file
       // of our own reports just as well.
       if (errno != ENOENT) return OpenPrivate();
-      Status s = CreateSegment(dirfd_, shared_name_, NewHeader(NewSegmentId()),
-                               options_.file_mode, options_.sync, &fd);
+      const uint64_t id = NewSegmentId();
+      Status s = CreateSegment(dirfd_, shared_name_, NewHeader(id), options_.file_mode,
+                               options_.sync, &fd);
       if (s.code() == StatusCode::kAlreadyExists) continue;  // another process won
-      if (!s.ok()) return s;
+      if (!s.ok()) {
+        MoveAsideUnsynced(fd, shared_name_, id);
+        return s;
+      }
     }
     struct stat st;
     if (::fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, "stat " + shared_name_);
@@ -319,6 +331,20 @@ Status SegmentAppender::OpenCurrent() {
   return OpenPrivate();
 }
 
+void SegmentAppender::MoveAsideUnsynced(const UniqueFd& fd, const std::string& name,
+                                        uint64_t segment_id) {
+  // CreateSegment made the name but could not make it durable. Posts synced
+  // into the file would be acknowledged, and lost with the name in a power
+  // loss: no writer may find it under a current name. Sealed, the daemon
+  // adopts it (a later directory sync, anyone's, makes both names durable).
+  struct stat mine, named;
+  if (!fd.valid() || ::fstat(fd.get(), &mine) != 0) return;
+  if (::fstatat(dirfd_, name.c_str(), &named, AT_SYMLINK_NOFOLLOW) == 0 &&
+      SameFile(named, mine)) {
+    ::renameat(dirfd_, name.c_str(), dirfd_, SpoolSealedName(uid_, segment_id).c_str());
+  }
+}
+
 Status SegmentAppender::OpenPrivate() {
   fd_.reset();
   for (int attempt = 0; attempt < kReopenAttemptsMax; ++attempt) {
@@ -330,7 +356,10 @@ Status SegmentAppender::OpenPrivate() {
     UniqueFd fd;
     Status s = CreateSegment(dirfd_, name, NewHeader(id), options_.file_mode, options_.sync, &fd);
     if (s.code() == StatusCode::kAlreadyExists) continue;
-    if (!s.ok()) return s;
+    if (!s.ok()) {
+      MoveAsideUnsynced(fd, name, id);
+      return s;
+    }
     struct stat st;
     if (::fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, "stat " + name);
     if (!Usable(st)) continue;  // linked to in the instant since: not ours alone

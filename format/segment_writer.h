@@ -30,7 +30,9 @@ using Deadline = Clock::time_point;
 // the umask). With `sync`, the header and the new name are durable when it
 // returns: the file is fsync'ed after the link (which commits the link on
 // journaling filesystems, ext4 and xfs), and the directory is fsync'ed too
-// where `dirfd` allows it (NewNameSyncFor). Never syncfs.
+// where `dirfd` allows it (NewNameSyncFor). Never syncfs. If a sync after
+// the link fails, the name exists but may not survive a power loss: *out is
+// the file all the same, with the error.
 Status CreateSegment(int dirfd, const std::string& name, const Header& header, mode_t mode,
                      bool sync, UniqueFd* out);
 // CreateSegment's file steps for any `contents` (the journal's Storage
@@ -134,6 +136,7 @@ class SegmentAppender {
   Status OpenCurrent();
   // Creates and opens a new private current segment.
   Status OpenPrivate();
+  void MoveAsideUnsynced(const UniqueFd& fd, const std::string& name, uint64_t segment_id);
   // A regular file owned by uid_ with exactly one name.
   bool Usable(const struct stat& st) const;
   // Renames the current segment (if it is still the one open) to its sealed

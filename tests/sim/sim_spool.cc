@@ -257,6 +257,13 @@ Status SimSpoolWriter::CreateSegment(const std::string& name, SimFs::Ino* out) {
   node_->spool_changed = true;
   if (options_.sync) {
     if (int err = fs.SyncDir(Actor::kClient); err != 0) {
+      // As SegmentAppender::MoveAsideUnsynced: a name that may not survive
+      // a power loss is no current segment for anyone's posts.
+      SimFs::Ino named;
+      if (fs.Lookup(kSpoolDir, name, &named) && named == ino) {
+        (void)fs.Rename(Actor::kClient, kSpoolDir, name, kSpoolDir,
+                        segment::SpoolSealedName(uid_, h.segment_id), true);
+      }
       return Status::FromErrno(err, "sync spool directory");
     }
   }
