@@ -457,6 +457,19 @@ Status JournalReader::Next(JournalPosition limit, Entry* entry, bool* got) {
         return s;
       }
       case segment::SegmentReader::Result::kEnd:
+        if (reader_->source_shrank()) {
+          // Nothing of ours cuts a segment below what was committed to it
+          // (Abandon cuts only past the committed end, which is the reader's
+          // limit): someone truncated it. Its posts are not to be taken for
+          // a torn tail and deleted with it: it is damaged, to be set aside.
+          Status s(StatusCode::kCorruption,
+                   JournalSegmentName(pos_.segment_seq) +
+                       ": the file was cut short while it was read (truncated)");
+          reader_.reset();
+          source_.reset();
+          fd_.reset();
+          return s;
+        }
         if (pos_.segment_seq == limit.segment_seq) {
           // Everything committed in this segment is read (a torn tail beyond
           // the committed end is not ours to judge).

@@ -111,7 +111,8 @@ Status SegmentReader::Fetch(uint64_t offset, size_t n, std::span<const std::byte
       return s;
     }
     window_bytes_ = got;
-    n = std::min(n, got);  // the source shrank below its size snapshot
+    if (got < want) source_shrank_ = true;
+    n = std::min(n, got);
   }
   *out = std::span<const std::byte>(window_.data() + (offset - window_offset_), n);
   return Status::Ok();

@@ -126,6 +126,9 @@ class SegmentReader {
   // After kEnd: bytes after the last valid record that no record follows.
   uint64_t torn_tail_bytes() const { return torn_tail_bytes_; }
   uint64_t skipped_bytes() const { return skipped_bytes_; }
+  // A read found less than the source's size snapshot promised: the file
+  // was cut short while it was read (what is missing shows as damage).
+  bool source_shrank() const { return source_shrank_; }
 
  private:
   SegmentReader(Source* source, ReaderOptions options, Header header);
@@ -163,6 +166,7 @@ class SegmentReader {
   uint64_t torn_tail_bytes_ = 0;
   uint64_t skipped_bytes_ = 0;
   bool done_ = false;
+  bool source_shrank_ = false;
   Status io_status_;
   std::vector<std::byte> window_;
   uint64_t window_offset_ = 0;

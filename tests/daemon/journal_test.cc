@@ -383,6 +383,41 @@ TEST(JournalReader, DamagedHeaderIsCorruptionNamingTheFileAndTheNextSegmentIsRea
   EXPECT_EQ(r.position(), w->end());
 }
 
+TEST(JournalReader, FinishedSegmentCutShortWhileReadIsCorruptionNotATornTail) {
+  // Posts the writer committed to a finished segment, gone because someone
+  // truncated it: damage (the forwarder sets the segment aside), not a torn
+  // tail that would be skipped and deleted with the segment.
+  TempDir dir;
+  JournalUsage usage;
+  std::unique_ptr<JournalWriter> w;
+  ASSERT_TRUE(JournalWriter::Open({dir.path(), 2 << 20}, &usage, &w).ok());
+  for (uint64_t i = 0; i < 4000; ++i) {
+    ASSERT_TRUE(w->Append(Framed(NumberedPost(1, i, 800)), false, nullptr).ok());
+  }
+  std::vector<uint64_t> seqs;
+  ASSERT_TRUE(ListJournalSegments(dir.fd(), &seqs).ok());
+  ASSERT_GE(seqs.size(), 2u);
+  JournalReader r(dir.fd());
+  JournalReader::Entry e;
+  bool got = false;
+  for (int i = 0; i < 10; ++i) {
+    ASSERT_TRUE(r.Next(w->end(), &e, &got).ok());
+    ASSERT_TRUE(got);
+  }
+  ASSERT_EQ(::truncate(dir.File(JournalSegmentName(seqs[0])).c_str(), 300 << 10), 0);
+  uint64_t read = 10;
+  Status s;
+  while ((s = r.Next(w->end(), &e, &got)).ok() && got) ++read;
+  EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
+  EXPECT_NE(s.message().find(JournalSegmentName(seqs[0])), std::string::npos) << s.message();
+  EXPECT_EQ(r.position().segment_seq, seqs[0]);
+  EXPECT_LT(read, 400u);  // what the first 300 KiB held, and no more
+  r.SkipSegment();
+  const std::vector<uint64_t> rest = ReadSeqs(&r, w->end());
+  ASSERT_FALSE(rest.empty());
+  EXPECT_EQ(rest.back(), 3999u);
+}
+
 TEST(JournalReader, ReadErrorIsAStatusAndARetryGoesOnWhereItStopped) {
   TempDir dir;
   JournalUsage usage;
