@@ -127,6 +127,13 @@ class Ingest final : public IoCallbacks {
     // run of the daemon (it died before moving the head): they are checked
     // against the ids it journaled. Later ones cannot be, at `accepted`.
     uint64_t recheck_until = 0;
+    // The lane is set back to empty (damaged, or freed with a header that
+    // someone wrote over): what it held is dropped, and with it what
+    // Stop() was waiting for.
+    void Reset() {
+      head = read = recheck_until = stop_tail = 0;
+      broken = false;
+    }
   };
   struct PendingAck {
     int fd;

@@ -292,8 +292,7 @@ void Ingest::MaybeReclaimLane(uint32_t r, uint32_t l, uint64_t owner, Clock::tim
   if (c.broken) {
     ring.tail(l).store(0, std::memory_order_relaxed);
     ring.head(l).store(0, std::memory_order_relaxed);
-    c.head = c.read = c.recheck_until = 0;
-    c.broken = false;
+    c.Reset();
   } else {
     // The head word is the daemon's, but every process of the uid can
     // write it. Drained, the lane's tail equals the daemon's own head: so
@@ -326,8 +325,7 @@ void Ingest::MaybeTidyFreeLane(uint32_t r, uint32_t l, Clock::time_point now) {
   if (!ring.owner(l).compare_exchange_strong(expected, ring::kReleasedBit, std::memory_order_acq_rel)) {
     return;
   }
-  c.head = c.read = c.recheck_until = 0;
-  c.broken = false;
+  c.Reset();
   ring.tail(l).store(0, std::memory_order_relaxed);
   ring.head(l).store(0, std::memory_order_relaxed);
   ring.state(l).store(ring::kLaneOk, std::memory_order_relaxed);
