@@ -428,8 +428,15 @@ void Daemon::RememberJournaledIds() {
     // The last process may have died before syncing its last write. An id
     // remembered from it makes adoption delete the spooled copy of that
     // post, so the journal copy must first be as durable as the spooled one.
-    if (!fd.valid() || ::fdatasync(fd.get()) != 0 ||
-        !segment::FileSource::Open(fd.get(), &source).ok() ||
+    if (fd.valid() && ::fdatasync(fd.get()) != 0) {
+      PS_LOG_WARNING("journal: %s: fdatasync failed at start (%s): the ids of its posts are not "
+                     "remembered, so a ring post among them that is still in its lane is "
+                     "journaled (and published) again rather than acknowledged on a copy that "
+                     "may not be on disk",
+                     JournalSegmentName(seqs[i]).c_str(), std::strerror(errno));
+      continue;
+    }
+    if (!fd.valid() || !segment::FileSource::Open(fd.get(), &source).ok() ||
         !segment::SegmentReader::Open(source.get(), options, &reader).ok()) {
       continue;  // the forwarder reports damaged segments
     }

@@ -311,6 +311,9 @@ class World {
     std::vector<PostId> unconfirmed;
   };
   std::map<SimFs::Ino, Unreadable> unreadable_segments_;
+  // Journal segments whose fdatasync failed at a start: the ids in them
+  // were not remembered (Daemon::RememberJournaledIds).
+  std::set<uint64_t> unremembered_segments_;
   void CheckDamagedSegmentsKept(const std::string& when);
   // Posts published into a lane and maybe not journaled yet (end, id).
   std::map<LaneKey, std::deque<std::pair<uint64_t, PostId>>> lane_posts_;
@@ -1156,7 +1159,15 @@ void World::CheckRingPosts() {
       // A crash between the journal write and the head's move reads the
       // lane again; the dedupe set (its window and the two newest segments
       // a restart remembers) must catch it.
-      if (config_.dedupe_window_posts < 2 * config_.batch_records_max) {
+      const bool unremembered = std::any_of(
+          l->second.positions.begin(), l->second.positions.end(),
+          [this](const JournalPosition& q) { return unremembered_segments_.contains(q.segment_seq); });
+      if (unremembered) {
+        // Its first copy is in a segment whose fdatasync failed at a start:
+        // its id was not remembered, so as not to acknowledge the post on a
+        // copy that may not be on disk (Daemon::RememberJournaledIds).
+        stats_.Fault("exempt.ring_journaled_again_after_sync_fault");
+      } else if (config_.dedupe_window_posts < 2 * config_.batch_records_max) {
         ++twice;
       } else {
         Fail("ring_journaled_once",
@@ -1426,7 +1437,10 @@ void World::StartDaemon() {
     for (size_t i = first; i < seqs.size(); ++i) {
       SimFs::Ino ino;
       if (!fs.Lookup(kJournalDir, daemon::JournalSegmentName(seqs[i]), &ino)) continue;
-      if (fs.Sync(Actor::kDaemon, ino) != 0) continue;  // as daemon.cc: fdatasync first
+      if (fs.Sync(Actor::kDaemon, ino) != 0) {  // as daemon.cc: fdatasync first
+        unremembered_segments_.insert(seqs[i]);
+        continue;
+      }
       ReadRecords(fs.Get(ino)->data, 0, [&](const fb::Post& p, uint64_t, uint64_t) {
         dp->ingest->RememberJournaled(PostId{p.id()->hi(), p.id()->lo()});
       });
