@@ -451,9 +451,7 @@ Status JournalReader::Next(JournalPosition limit, Entry* entry, bool* got) {
         Status s(reader_->io_status().code(),
                  JournalSegmentName(pos_.segment_seq) + ": " + reader_->io_status().message(),
                  reader_->io_status().sys_errno());
-        reader_.reset();
-        source_.reset();
-        fd_.reset();
+        Seek(pos_);
         return s;
       }
       case segment::SegmentReader::Result::kEnd:
@@ -462,13 +460,10 @@ Status JournalReader::Next(JournalPosition limit, Entry* entry, bool* got) {
           // (Abandon cuts only past the committed end, which is the reader's
           // limit): someone truncated it. Its posts are not to be taken for
           // a torn tail and deleted with it: it is damaged, to be set aside.
-          Status s(StatusCode::kCorruption,
-                   JournalSegmentName(pos_.segment_seq) +
-                       ": the file was cut short while it was read (truncated)");
-          reader_.reset();
-          source_.reset();
-          fd_.reset();
-          return s;
+          Seek(pos_);  // read afresh if asked again
+          return Status(StatusCode::kCorruption,
+                        JournalSegmentName(pos_.segment_seq) +
+                            ": the file was cut short while it was read (truncated)");
         }
         if (pos_.segment_seq == limit.segment_seq) {
           // Everything committed in this segment is read (a torn tail beyond

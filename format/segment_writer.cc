@@ -132,6 +132,7 @@ Status CreateFileComplete(int dirfd, const std::string& name, std::span<const st
     ::unlinkat(dirfd, tmp_name.c_str(), 0);
   }
   if (rc != 0) return Status::FromErrno(errno, "link segment " + name);
+  Status synced = Status::Ok();
   if (sync) {
     // The new name must survive a power loss. fsync of the file after the
     // link commits the journal transaction that holds the link (the inode's
@@ -144,19 +145,14 @@ Status CreateFileComplete(int dirfd, const std::string& name, std::span<const st
     // would write out every dirty page of the filesystem, anyone's.
     // If either fails the name is there but may not survive a power loss:
     // the file is handed back with the error, for the caller to move aside.
-    Status synced = Status::Ok();
     if (::fsync(fd.get()) != 0) {
       synced = Status::FromErrno(errno, "sync segment " + name);
     } else if (NewNameSyncFor(dirfd) == NewNameSync::kFileAndDirectory && ::fsync(dirfd) != 0) {
       synced = Status::FromErrno(errno, "sync spool directory");
     }
-    if (!synced.ok()) {
-      *out = std::move(fd);
-      return synced;
-    }
   }
   *out = std::move(fd);
-  return Status::Ok();
+  return synced;
 }
 
 Status ReadHeader(int fd, Header* header) {
