@@ -1,6 +1,5 @@
 #include "forwarder.h"
 
-#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sys/eventfd.h>
@@ -14,7 +13,6 @@
 
 #include "amqp_properties.h"
 #include "log.h"
-#include "lost_records.h"
 #include "post.h"
 
 namespace postspool::daemon {
@@ -29,13 +27,6 @@ constexpr int kPublishBatch = 64;
 constexpr auto kStableConnection = std::chrono::seconds(10);
 // Per-message warnings (nacks, returns) are logged at most this often.
 constexpr auto kMessageLogInterval = std::chrono::seconds(10);
-// A journal read that fails (EIO, ...) is tried this many times in all, the
-// delays between doubling from kJournalRetryDelay (0.1 + 0.2 + 0.4 + 0.8 s:
-// the segment is declared damaged about 1.5 s after the first failure). A
-// disk's transient errors clear within that; a bad sector does not, and then
-// waiting longer would only hold back every later post.
-constexpr int kJournalReadAttempts = 5;
-constexpr auto kJournalRetryDelay = milliseconds(100);
 // The longest poll() when nothing else is due.
 constexpr auto kIdleWake = std::chrono::seconds(1);
 // Backlog counting: records counted per round of the thread, and how often
@@ -74,10 +65,6 @@ std::string FormatPosition(JournalPosition p) {
   return buf;
 }
 
-milliseconds JournalRetryDelay(int failures) {
-  return kJournalRetryDelay * (1 << std::min(failures - 1, 10));
-}
-
 std::string IdString(PostId id) {
   const MessageId m = FormatMessageId(id);
   return std::string(m.data(), m.size());
@@ -98,9 +85,10 @@ Forwarder::Forwarder(const Config& config, int journal_dirfd, CommitChannel* com
       metrics_(metrics),
       seed_(RandomSeed()),
       wake_fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
-      reader_(journal_dirfd),
+      feed_(SystemStorage(), journal_dirfd, usage, milliseconds(config.checkpoint_interval_ms),
+            this),
       count_reader_(journal_dirfd),
-      retry_reader_(journal_dirfd),
+      peek_reader_(journal_dirfd),
       connect_backoff_(config.reconnect_delay_initial_ms, config.reconnect_delay_max_ms, seed_),
       path_(BrokerPath::Options{config.path_refused_ms, config.path_silent_ms,
                                 config.path_wait_max_ms}) {
@@ -146,7 +134,6 @@ Status Forwarder::Start() {
   window_options.retry_delay_max_ms = config_.republish_delay_max_ms;
   window_options.seed = seed_ ^ 0x9e3779b97f4a7c15ull;
   window_ = std::make_unique<PublishWindow>(window_options, start);
-  reader_.Seek(start);
   count_reader_.Seek(start);
   counted_ = 0;
   count_caught_up_ = false;
@@ -158,31 +145,12 @@ Status Forwarder::Start() {
   unconfirmed_at_stop_ = 0;
   unconfirmed_at_stop_exact_ = true;
   UpdateSnapshot();
-  // Created here once (a failure on a full disk is not fatal: see the class
-  // comment); after that every store is in place.
-  checkpoint_.reset();
-  checkpoint_open_error_logged_ = false;
-  if (Status cs = Checkpoint::Open(dirfd_, start, &checkpoint_); !cs.ok()) {
-    PS_LOG_ERROR("forwarder: cannot create the journal checkpoint file in %s: %s; publishing "
-                 "and deleting confirmed segments go on without it (a restart publishes again "
-                 "from the oldest segment); trying again every %u ms",
-                 config_.journal_dir.c_str(), cs.ToString().c_str(),
-                 config_.checkpoint_interval_ms);
-    checkpoint_open_error_logged_ = true;
-  }
-  written_checkpoint_ = start;
-  stored_checkpoint_ = start;
-  cleaned_at_ = JournalPosition{};
-  read_attempts_ = 0;
-  republish_attempts_ = 0;
-  republish_failed_at_ = JournalPosition{};
+  // Creates the checkpoint file (a failure on a full disk is not fatal:
+  // see the class comment).
+  feed_.Start(start);
   idle_at_limit_ = JournalPosition{};
-  read_high_ = start;
   encode_error_high_ = start;
-  skipped_seen_ = reader_.skipped_bytes();
   reconnect_at_ = Clock::time_point{};
-  journal_retry_at_ = Clock::time_point{};
-  next_checkpoint_at_ = Clock::time_point{};
   PublishWatermark();
   {
     std::lock_guard lock(socket_mu_);
@@ -232,8 +200,8 @@ bool Forwarder::StopAndDrain(milliseconds timeout) {
 
 void Forwarder::set_journal_source_factory(const JournalReader::SourceFactory& factory) {
   assert(!thread_.joinable());
-  reader_.set_source_factory(factory);
-  retry_reader_.set_source_factory(factory);
+  feed_.set_source_factory(factory);
+  peek_reader_.set_source_factory(factory);
   count_reader_.set_source_factory(factory);
 }
 
@@ -278,12 +246,12 @@ void Forwarder::ProbeDrain() {
     std::lock_guard lock(control_mu_);
     target = drain_target_;
   }
-  retry_reader_.Seek(window_->watermark());
+  peek_reader_.Seek(window_->watermark());
   JournalReader::Entry entry;
   bool got = false;
-  if (Status s = retry_reader_.Next(target, &entry, &got); !s.ok() || got) return;
+  if (Status s = peek_reader_.Next(target, &entry, &got); !s.ok() || got) return;
   // Nothing to publish (an empty journal, or only damage): drained.
-  window_->OnReaderIdle(retry_reader_.position());
+  window_->OnReaderIdle(peek_reader_.position());
   idle_at_limit_ = std::max(idle_at_limit_, target);
 }
 
@@ -542,7 +510,7 @@ bool Forwarder::Pump(Clock::time_point now) {
     int budget = kPublishBatch;
     // Posts to publish again first: they are the oldest.
     PublishWindow::Due due;
-    while (budget > 0 && now >= journal_retry_at_ && window_->CanRepublish() &&
+    while (budget > 0 && feed_.CanRead(now) && window_->CanRepublish() &&
            window_->NextDue(now, &due)) {
       if (Status s = Republish(due, now); !s.ok()) {
         LoseConnection(s, now);
@@ -554,32 +522,12 @@ bool Forwarder::Pump(Clock::time_point now) {
     // that a commit after the read wakes the next poll.
     commits_->Drain();
     const JournalPosition limit = commits_->committed();
-    while (budget > 0 && now >= journal_retry_at_ && window_->CanPublishNew()) {
-      const JournalPosition before = reader_.position();
-      if (auto it = damaged_.find(before.segment_seq);
-          it != damaged_.end() && before >= it->second.at) {
-        // Past the damage the segment is given up, but only once the ingest
-        // loop writes elsewhere: while the committed end is in it, skipping
-        // would put the reader (and the watermark) beyond the committed end.
-        if (before.segment_seq >= limit.segment_seq) break;
-        reader_.SkipSegment();
-        continue;
-      }
+    while (budget > 0 && window_->CanPublishNew()) {
       JournalReader::Entry entry;
-      bool got = false;
-      const Status rs = reader_.Next(limit, &entry, &got);
-      AccountSkippedBytes(before);
-      if (!rs.ok()) {
-        if (OnJournalReadError(rs, now)) continue;
-        break;
-      }
-      if (read_attempts_ > 0) {
-        PS_LOG_INFO("forwarder: reading the journal at %s works again",
-                    FormatPosition(before).c_str());
-        read_attempts_ = 0;
-      }
-      if (!got) {
-        window_->OnReaderIdle(reader_.position());
+      const JournalFeed::Read r = feed_.Next(limit, now, &entry);
+      if (r == JournalFeed::Read::kWait) break;
+      if (r == JournalFeed::Read::kIdle) {
+        window_->OnReaderIdle(feed_.position());
         idle_at_limit_ = std::max(idle_at_limit_, limit);
         break;
       }
@@ -602,108 +550,14 @@ bool Forwarder::Pump(Clock::time_point now) {
   return more || session_->HasBufferedInput();
 }
 
-bool Forwarder::OnJournalReadError(const Status& why, Clock::time_point now) {
-  const JournalPosition at = reader_.position();
-  if (auto it = damaged_.find(at.segment_seq); it != damaged_.end()) {
-    // Known already (read again after a reconnect): no retries, no report.
-    it->second.at = std::min(it->second.at, at);
-    read_attempts_ = 0;
-    return true;
-  }
-  // A damaged header is the same on every read; an I/O error may pass.
-  const bool damaged =
-      why.code() == StatusCode::kCorruption || why.code() == StatusCode::kUnsupported;
-  if (!damaged && ++read_attempts_ < kJournalReadAttempts) {
-    const milliseconds delay = JournalRetryDelay(read_attempts_);
-    PS_LOG_WARNING("forwarder: cannot read the journal at %s: %s; trying again in %s "
-                   "(attempt %d of %d)",
-                   FormatPosition(at).c_str(), why.ToString().c_str(),
-                   FormatSeconds(delay).c_str(), read_attempts_ + 1, kJournalReadAttempts);
-    journal_retry_at_ = now + delay;
-    return false;
-  }
-  read_attempts_ = 0;
-  ReportDamagedSegment(at, why);
-  return true;
-}
-
-void Forwarder::ReportDamagedSegment(JournalPosition at, const Status& why) {
-  if (!damaged_.emplace(at.segment_seq, Damaged{at}).second) return;
-  metrics_->journal_segments_damaged_total.fetch_add(1, std::memory_order_relaxed);
-  // What the rest of the segment held, counted as postspool verify counts.
-  uint64_t lost = 0;
-  UniqueFd fd(::openat(dirfd_, JournalSegmentName(at.segment_seq).c_str(),
-                       O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
-  std::unique_ptr<segment::FileSource> source;
-  if (fd.valid() && segment::FileSource::Open(fd.get(), &source).ok()) {
-    const uint64_t from = std::min(at.offset, source->size());
-    lost = segment::CountLostRecords(source.get(), from, source->size() - from);
-  }
-  metrics_->journal_records_lost_total.fetch_add(lost, std::memory_order_relaxed);
-  PS_LOG_ERROR("forwarder: journal segment %s/%s is damaged (%s); its posts after offset "
-               "%" PRIu64 " (%" PRIu64 " record(s) found there) cannot be published. Publishing "
-               "goes on with the next segment; this one is kept in %s/damaged/ once the "
-               "forwarder is past it",
-               config_.journal_dir.c_str(), JournalSegmentName(at.segment_seq).c_str(),
-               why.ToString().c_str(), at.offset, lost, config_.journal_dir.c_str());
-}
-
-void Forwarder::SetAsideDamagedSegments(JournalPosition watermark) {
-  for (auto it = damaged_.begin(); it != damaged_.end() && it->first < watermark.segment_seq;) {
-    std::string moved_to;
-    const Status s = SetAsideDamagedSegment(dirfd_, it->first, usage_, &moved_to);
-    if (s.ok() || s.code() == StatusCode::kNotFound) {
-      if (s.ok()) {
-        PS_LOG_WARNING("forwarder: moved the damaged journal segment %s to %s/%s",
-                       JournalSegmentName(it->first).c_str(), config_.journal_dir.c_str(),
-                       moved_to.c_str());
-      }
-      it = damaged_.erase(it);
-      continue;
-    }
-    if (!it->second.move_error_logged) {
-      PS_LOG_ERROR("forwarder: cannot move the damaged journal segment %s/%s aside: %s; it "
-                   "stays where it is and is not deleted; trying again every %u ms",
-                   config_.journal_dir.c_str(), JournalSegmentName(it->first).c_str(),
-                   s.ToString().c_str(), config_.checkpoint_interval_ms);
-      it->second.move_error_logged = true;
-    }
-    ++it;
-  }
-}
-
-void Forwarder::AccountSkippedBytes(JournalPosition before) {
-  const uint64_t skipped = reader_.skipped_bytes();
-  const uint64_t delta = skipped - skipped_seen_;
-  skipped_seen_ = skipped;
-  const uint64_t lost = reader_.lost_records() - lost_seen_;
-  lost_seen_ = reader_.lost_records();
-  // After a reconnect the same damage is skipped again: count it once.
-  if (delta != 0 && before >= read_high_) {
-    metrics_->journal_bytes_skipped_total.fetch_add(delta, std::memory_order_relaxed);
-    metrics_->journal_records_lost_total.fetch_add(lost, std::memory_order_relaxed);
-    PS_LOG_WARNING("forwarder: skipped %" PRIu64 " damaged bytes in the journal after %s: %" PRIu64
-                   " record(s) lost",
-                   delta, FormatPosition(before).c_str(), lost);
-  }
-  read_high_ = std::max(read_high_, reader_.position());
-}
-
 Status Forwarder::EncodePost(const fb::Post& post, v03::Encoded* out) {
-  const fb::Post* p = &post;
-  if (post.base_url() == nullptr || post.base_url()->size() == 0) {
-    // The ingest loop fills in post_baseUrl; a post that reached the
-    // journal without one gets it here, so that it is still a valid v03
-    // message.
-    PostData data = ReadPost(post);
-    data.base_url = config_.post_baseUrl;
-    BuildPost(data, &builder_);
-    p = fb::GetPost(builder_.GetBufferPointer());
-  }
   v03::EncodeOptions options;
   options.topic_prefix = config_.post_topicPrefix;
   options.source = source_;
-  return v03::Encode(*p, options, out);
+  // The ingest loop fills in post_baseUrl; a post that reached the journal
+  // without one gets it here, so that it is still a valid v03 message.
+  options.base_url_default = config_.post_baseUrl;
+  return v03::Encode(post, options, out);
 }
 
 Status Forwarder::PublishNew(const JournalReader::Entry& entry, bool* published) {
@@ -732,7 +586,7 @@ Status Forwarder::PublishNew(const JournalReader::Entry& entry, bool* published)
     // It is not in the window, and the window (not a seek to the
     // watermark) is what a reconnect publishes again: the reader must read
     // this record again on the next connection.
-    reader_.Seek(entry.position);
+    feed_.Rewind(entry.position);
     return s;
   }
   // In the window once appended, before Pump's Flush wrote it: its delivery
@@ -746,46 +600,18 @@ Status Forwarder::PublishNew(const JournalReader::Entry& entry, bool* published)
 }
 
 Status Forwarder::Republish(const PublishWindow::Due& due, Clock::time_point now) {
-  retry_reader_.Seek(due.position);
   JournalReader::Entry entry;
-  bool got = false;
-  if (Status rs = retry_reader_.Next(due.next, &entry, &got); !rs.ok()) {
-    if (republish_failed_at_ != due.position) {
-      republish_failed_at_ = due.position;
-      republish_attempts_ = 0;
-    }
-    const bool damaged = rs.code() == StatusCode::kCorruption ||
-                         rs.code() == StatusCode::kUnsupported ||
-                         damaged_.contains(due.position.segment_seq);
-    if (!damaged && ++republish_attempts_ < kJournalReadAttempts) {
-      const milliseconds delay = JournalRetryDelay(republish_attempts_);
-      PS_LOG_WARNING("forwarder: cannot read post %s again from the journal at %s: %s; trying "
-                     "again in %s",
-                     IdString(due.id).c_str(), FormatPosition(due.position).c_str(),
-                     rs.ToString().c_str(), FormatSeconds(delay).c_str());
-      journal_retry_at_ = now + delay;
+  switch (feed_.ReadAgain(due.id, due.position, due.next, now, &entry)) {
+    case JournalFeed::Again::kRetryLater:
       return Status::Ok();
-    }
-    // It cannot be read any more: the segment is damaged. Holding the
-    // watermark for it would stop forwarding for good.
-    republish_attempts_ = 0;
-    ReportDamagedSegment(due.position, rs);
-    PS_LOG_ERROR("forwarder: post %s at journal position %s can no longer be read from the "
-                 "journal (%s); it is skipped",
-                 IdString(due.id).c_str(), FormatPosition(due.position).c_str(),
-                 rs.ToString().c_str());
-    window_->OnUnreadable(due.handle);
-    return Status::Ok();
+    case JournalFeed::Again::kUnreadable:
+      window_->OnUnreadable(due.handle);
+      return Status::Ok();
+    case JournalFeed::Again::kEntry:
+      break;
   }
-  Status es;
-  if (got && entry.position == due.position) es = EncodePost(PostFromPayload(entry.payload), &encoded_);
-  if (!got || entry.position != due.position || !es.ok()) {
-    // The journal is immutable below the committed end, so this is damage
-    // that appeared since the post was first read.
-    PS_LOG_ERROR("forwarder: post %s at journal position %s can no longer be read from the "
-                 "journal (%s); it is skipped",
-                 IdString(due.id).c_str(), FormatPosition(due.position).c_str(),
-                 es.ok() ? "the record is damaged" : es.message().c_str());
+  if (Status es = EncodePost(PostFromPayload(entry.payload), &encoded_); !es.ok()) {
+    OnUnreadable(due.id, due.position, es.message());
     window_->OnUnreadable(due.handle);
     return Status::Ok();
   }
@@ -801,92 +627,22 @@ Status Forwarder::Republish(const PublishWindow::Due& due, Clock::time_point now
   return Status::Ok();
 }
 
-JournalPosition Forwarder::CheckpointWatermark() const {
-  return StorableCheckpoint(window_->watermark(),
-                            damaged_.empty() ? std::nullopt
-                                             : std::optional(damaged_.begin()->second.at));
-}
-
 void Forwarder::WriteWatermark() {
   PublishWatermark();
-  const JournalPosition w = CheckpointWatermark();
-  if (!checkpoint_ || w == written_checkpoint_) return;
-  if (Status s = checkpoint_->Store(w); !s.ok()) {
-    if (!checkpoint_error_logged_) {
-      PS_LOG_ERROR("forwarder: cannot write the journal checkpoint: %s; trying again (a crash "
-                   "now publishes more than one window again)",
-                   s.ToString().c_str());
-      checkpoint_error_logged_ = true;
-    }
-    return;
-  }
-  written_checkpoint_ = w;
+  feed_.WriteWatermark(window_->watermark());
 }
 
 void Forwarder::MaybeCheckpoint(Clock::time_point now, bool force) {
   PublishWatermark();
-  const JournalPosition w = window_->watermark();
-  if (w == stored_checkpoint_ && w == cleaned_at_) return;
-  if (!force && now < next_checkpoint_at_) return;
-  next_checkpoint_at_ = now + milliseconds(config_.checkpoint_interval_ms);
-  // Damaged segments are set aside first: one still in place bounds the
-  // checkpoint (StorableCheckpoint).
-  SetAsideDamagedSegments(w);
-  const JournalPosition c = CheckpointWatermark();
-  if (!checkpoint_) {
-    if (Status s = Checkpoint::Open(dirfd_, c, &checkpoint_); s.ok()) {
-      PS_LOG_INFO("forwarder: created the journal checkpoint file");
-      written_checkpoint_ = c;
-      checkpoint_open_error_logged_ = false;
-    } else if (!checkpoint_open_error_logged_) {
-      PS_LOG_ERROR("forwarder: cannot create the journal checkpoint file in %s: %s; trying "
-                   "again every %u ms",
-                   config_.journal_dir.c_str(), s.ToString().c_str(),
-                   config_.checkpoint_interval_ms);
-      checkpoint_open_error_logged_ = true;
-    }
-  }
-  if (checkpoint_ && c != stored_checkpoint_) {
-    WriteWatermark();
-    Status s = written_checkpoint_ == c ? checkpoint_->Sync()
-                                        : Status(StatusCode::kIoError, "not written");
-    if (s.ok()) {
-      checkpoint_error_logged_ = false;
-      stored_checkpoint_ = c;
-    } else if (!checkpoint_error_logged_) {
-      PS_LOG_ERROR("forwarder: cannot store the journal checkpoint: %s; trying every %u ms",
-                   s.ToString().c_str(), config_.checkpoint_interval_ms);
-      checkpoint_error_logged_ = true;
-    }
-  }
-  // Deleting does not wait for the checkpoint (journal.h): on a full disk
-  // with no checkpoint file, deleting is what makes room for one. With one,
-  // it comes after the sync, so that a power loss rarely finds a stored
-  // watermark in a deleted segment (which costs duplicates, not posts).
-  std::vector<uint64_t> keep;
-  for (const auto& [seq, damaged] : damaged_) keep.push_back(seq);
-  int deleted = 0;
-  if (Status s = DeleteConfirmedSegments(dirfd_, w, usage_, &deleted, keep); !s.ok()) {
-    PS_LOG_ERROR("forwarder: cannot delete confirmed journal segments: %s; trying again at the "
-                 "next checkpoint",
-                 s.ToString().c_str());
-  } else {
-    cleaned_at_ = w;
-  }
-  if (deleted > 0) {
-    PS_LOG_DEBUG("forwarder: deleted %d confirmed journal segments before %s", deleted,
-                 FormatPosition(w).c_str());
-  }
+  feed_.MaybeCheckpoint(window_->watermark(), now, force);
   metrics_->journal_bytes.store(usage_->bytes.load(), std::memory_order_relaxed);
 }
 
 void Forwarder::Wait(Clock::time_point now, bool busy) {
   Clock::time_point until = now + kIdleWake;
   const auto earlier = [&until](Clock::time_point t) { until = std::min(until, t); };
-  if (window_->watermark() != stored_checkpoint_ || window_->watermark() != cleaned_at_) {
-    earlier(next_checkpoint_at_);
-  }
-  if (journal_retry_at_ > now) earlier(journal_retry_at_);
+  earlier(feed_.checkpoint_due(window_->watermark()));
+  if (feed_.retry_at() > now) earlier(feed_.retry_at());
   if (mode_.load() == Mode::kDrain) {
     std::lock_guard lock(control_mu_);
     earlier(drain_deadline_);
@@ -1032,6 +788,95 @@ void Forwarder::OnUnblocked() {
 }
 
 // ---------------------------------------------------------------------------
+// What the journal feed reports
+
+void Forwarder::OnReadFailed(JournalPosition at, const Status& why, int attempt,
+                             milliseconds delay) {
+  PS_LOG_WARNING("forwarder: cannot read the journal at %s: %s; trying again in %s "
+                 "(attempt %d of %d)",
+                 FormatPosition(at).c_str(), why.ToString().c_str(),
+                 FormatSeconds(delay).c_str(), attempt, JournalFeed::kReadAttempts);
+}
+
+void Forwarder::OnReadRecovered(JournalPosition at) {
+  PS_LOG_INFO("forwarder: reading the journal at %s works again", FormatPosition(at).c_str());
+}
+
+void Forwarder::OnBytesSkipped(JournalPosition before, uint64_t bytes, uint64_t records) {
+  Add(metrics_->journal_bytes_skipped_total, bytes);
+  Add(metrics_->journal_records_lost_total, records);
+  PS_LOG_WARNING("forwarder: skipped %" PRIu64 " damaged bytes in the journal after %s: %" PRIu64
+                 " record(s) lost",
+                 bytes, FormatPosition(before).c_str(), records);
+}
+
+void Forwarder::OnSegmentDamaged(JournalPosition at, const Status& why, uint64_t records) {
+  metrics_->journal_segments_damaged_total.fetch_add(1, std::memory_order_relaxed);
+  Add(metrics_->journal_records_lost_total, records);
+  PS_LOG_ERROR("forwarder: journal segment %s/%s is damaged (%s); its posts after offset "
+               "%" PRIu64 " (%" PRIu64 " record(s) found there) cannot be published. Publishing "
+               "goes on with the next segment; this one is kept in %s/damaged/ once the "
+               "forwarder is past it",
+               config_.journal_dir.c_str(), JournalSegmentName(at.segment_seq).c_str(),
+               why.ToString().c_str(), at.offset, records, config_.journal_dir.c_str());
+}
+
+void Forwarder::OnSegmentSetAside(uint64_t seq, const std::string& moved_to) {
+  PS_LOG_WARNING("forwarder: moved the damaged journal segment %s to %s/%s",
+                 JournalSegmentName(seq).c_str(), config_.journal_dir.c_str(), moved_to.c_str());
+}
+
+void Forwarder::OnSetAsideFailed(uint64_t seq, const Status& why) {
+  PS_LOG_ERROR("forwarder: cannot move the damaged journal segment %s/%s aside: %s; it "
+               "stays where it is and is not deleted; trying again every %u ms",
+               config_.journal_dir.c_str(), JournalSegmentName(seq).c_str(),
+               why.ToString().c_str(), config_.checkpoint_interval_ms);
+}
+
+void Forwarder::OnRereadFailed(PostId id, JournalPosition at, const Status& why,
+                               milliseconds delay) {
+  PS_LOG_WARNING("forwarder: cannot read post %s again from the journal at %s: %s; trying "
+                 "again in %s",
+                 IdString(id).c_str(), FormatPosition(at).c_str(), why.ToString().c_str(),
+                 FormatSeconds(delay).c_str());
+}
+
+void Forwarder::OnUnreadable(PostId id, JournalPosition at, const std::string& why) {
+  PS_LOG_ERROR("forwarder: post %s at journal position %s can no longer be read from the "
+               "journal (%s); it is skipped",
+               IdString(id).c_str(), FormatPosition(at).c_str(), why.c_str());
+}
+
+void Forwarder::OnCheckpointFailed(CheckpointStep step, const Status& why) {
+  if (step == CheckpointStep::kCreate) {
+    PS_LOG_ERROR("forwarder: cannot create the journal checkpoint file in %s: %s; publishing "
+                 "and deleting confirmed segments go on without it (a restart publishes again "
+                 "from the oldest segment); trying again every %u ms",
+                 config_.journal_dir.c_str(), why.ToString().c_str(),
+                 config_.checkpoint_interval_ms);
+    return;
+  }
+  PS_LOG_ERROR("forwarder: cannot store the journal checkpoint: %s; trying again every %u ms "
+               "(a crash now publishes more than one window again)",
+               why.ToString().c_str(), config_.checkpoint_interval_ms);
+}
+
+void Forwarder::OnCheckpointCreated() {
+  PS_LOG_INFO("forwarder: created the journal checkpoint file");
+}
+
+void Forwarder::OnDeleteFailed(const Status& why) {
+  PS_LOG_ERROR("forwarder: cannot delete confirmed journal segments: %s; trying again at the "
+               "next checkpoint",
+               why.ToString().c_str());
+}
+
+void Forwarder::OnDeleted(int segments, JournalPosition before) {
+  PS_LOG_DEBUG("forwarder: deleted %d confirmed journal segments before %s", segments,
+               FormatPosition(before).c_str());
+}
+
+// ---------------------------------------------------------------------------
 // Status
 
 void Forwarder::SetConnectionState(const char* state, const std::string* error) {
@@ -1079,10 +924,10 @@ void Forwarder::PeekOldest(Clock::time_point now) {
   peeked_at_ = at;
   peeked_limit_ = limit;
   oldest_pub_ns_ = 0;
-  retry_reader_.Seek(at);
+  peek_reader_.Seek(at);
   JournalReader::Entry entry;
   bool got = false;
-  if (Status s = retry_reader_.Next(limit, &entry, &got); s.ok() && got) {
+  if (Status s = peek_reader_.Next(limit, &entry, &got); s.ok() && got) {
     oldest_pub_ns_ = PostFromPayload(entry.payload).pub_time_ns();
   }
 }
@@ -1146,16 +991,16 @@ void Forwarder::RequestReconnect() {
 
 uint64_t Forwarder::CountRecords(JournalPosition from, JournalPosition limit,
                                  Clock::time_point deadline, bool* complete) {
-  retry_reader_.Seek(from);
+  peek_reader_.Seek(from);
   uint64_t n = 0;
   *complete = false;
   for (;;) {
     if ((n & 1023) == 0 && Clock::now() >= deadline) return n;
     JournalReader::Entry entry;
     bool got = false;
-    if (Status s = retry_reader_.Next(limit, &entry, &got); !s.ok()) {
-      retry_reader_.SkipSegment();
-      if (retry_reader_.position() >= limit) break;
+    if (Status s = peek_reader_.Next(limit, &entry, &got); !s.ok()) {
+      peek_reader_.SkipSegment();
+      if (peek_reader_.position() >= limit) break;
       continue;
     }
     if (!got) break;

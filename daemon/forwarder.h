@@ -20,19 +20,10 @@
 // checkpoint (journal.h, DeleteConfirmedSegments), but a restart then
 // publishes again from the last stored watermark or the oldest segment.
 //
-// Damaged journal segments (DESIGN.md, "Faults the daemon survives by
-// itself"): a segment that cannot be read (a damaged or truncated header,
-// such as a zero-length file after a power loss, or read errors that
-// persist over kJournalReadAttempts tries with backoff) is reported once (an
-// ERROR naming the file and the reason; journal_segments_damaged_total) and
-// skipped: publishing goes on with the next segment. If it is the segment
-// the ingest loop is writing (the committed end is in it), the forwarder
-// waits until the committed end moves to a later segment, then skips it.
-// Once the watermark is past it, it is moved to damaged/ in the journal
-// directory (SetAsideDamagedSegment) instead of being deleted; if that move
-// fails it stays where it is, is never deleted and the move is tried again
-// at every checkpoint (remembered in memory only: a restart that finds it
-// behind the stored watermark deletes it with the confirmed segments).
+// The journal side, reading, damaged segments, the checkpoint and deleting
+// confirmed segments, is the JournalFeed's (journal_feed.h); the forwarder
+// logs and counts what it reports (journal_segments_damaged_total,
+// journal_records_lost_total, journal_bytes_skipped_total).
 //
 // The thread: reads records with a JournalReader from the watermark up to
 // CommitChannel::committed(), encodes them (v03::Encode), publishes them
@@ -114,6 +105,7 @@
 #include "config.h"
 #include "flatbuffers/flatbuffers.h"
 #include "journal.h"
+#include "journal_feed.h"
 #include "metrics.h"
 #include "publish_window.h"
 #include "status.h"
@@ -122,7 +114,7 @@
 
 namespace postspool::daemon {
 
-class Forwarder final : private AmqpSession::Handler {
+class Forwarder final : private AmqpSession::Handler, private JournalFeed::Events {
  public:
   using Clock = std::chrono::steady_clock;
 
@@ -220,20 +212,8 @@ class Forwarder final : private AmqpSession::Handler {
   Status PublishNew(const JournalReader::Entry& entry, bool* published);
   Status Republish(const PublishWindow::Due& due, Clock::time_point now);
   Status EncodePost(const fb::Post& post, v03::Encoded* out);
-  void AccountSkippedBytes(JournalPosition before);
-  // Damaged segments. A read of the main reader failed with `why`: true if
-  // the reader may go on (the segment is now known damaged), false if the
-  // read is to be tried again at journal_retry_at_.
-  bool OnJournalReadError(const Status& why, Clock::time_point now);
-  // Logs and counts a damaged segment, once.
-  void ReportDamagedSegment(JournalPosition at, const Status& why);
-  // Moves the damaged segments wholly before `watermark` to damaged/.
-  void SetAsideDamagedSegments(JournalPosition watermark);
-  // Checkpoint and watermark.
-  // Writes the watermark into the checkpoint (no sync) if it moved.
+  // Checkpoint and watermark (JournalFeed).
   void WriteWatermark();
-  // The watermark, bounded by the oldest damaged segment not yet set aside.
-  JournalPosition CheckpointWatermark() const;
   void MaybeCheckpoint(Clock::time_point now, bool force);
   void PublishWatermark();
   bool Drained() const;
@@ -259,6 +239,22 @@ class Forwarder final : private AmqpSession::Handler {
   void OnReturn(std::string_view message_id, int reply_code, std::string_view reply_text) override;
   void OnBlocked(std::string_view reason) override;
   void OnUnblocked() override;
+
+  // JournalFeed::Events: logs and metrics.
+  void OnReadFailed(JournalPosition at, const Status& why, int attempt,
+                    std::chrono::milliseconds delay) override;
+  void OnReadRecovered(JournalPosition at) override;
+  void OnBytesSkipped(JournalPosition before, uint64_t bytes, uint64_t records) override;
+  void OnSegmentDamaged(JournalPosition at, const Status& why, uint64_t records) override;
+  void OnSegmentSetAside(uint64_t seq, const std::string& moved_to) override;
+  void OnSetAsideFailed(uint64_t seq, const Status& why) override;
+  void OnRereadFailed(PostId id, JournalPosition at, const Status& why,
+                      std::chrono::milliseconds delay) override;
+  void OnUnreadable(PostId id, JournalPosition at, const std::string& why) override;
+  void OnCheckpointFailed(CheckpointStep step, const Status& why) override;
+  void OnCheckpointCreated() override;
+  void OnDeleteFailed(const Status& why) override;
+  void OnDeleted(int segments, JournalPosition before) override;
 
   // Fixed at construction.
   const Config config_;
@@ -293,7 +289,7 @@ class Forwarder final : private AmqpSession::Handler {
   bool unconfirmed_at_stop_exact_ = true;
 
   // The forwarder thread's own.
-  JournalReader reader_;
+  JournalFeed feed_;
   JournalReader count_reader_;  // counts the backlog ahead of the watermark
   uint64_t counted_ = 0;        // records from the start position to count_reader_
   bool count_caught_up_ = false;
@@ -313,7 +309,7 @@ class Forwarder final : private AmqpSession::Handler {
   Clock::time_point next_drop_log_;
   int64_t last_drop_unix_ms_ = 0;
   Clock::time_point last_progress_;  // last confirm, or the first publish after none in flight
-  JournalReader retry_reader_;  // re-reads records to publish them again
+  JournalReader peek_reader_;  // the oldest post, the drain probe, the count at stop
   std::unique_ptr<PublishWindow> window_;
   Backoff connect_backoff_;
   BrokerPath path_;
@@ -327,34 +323,9 @@ class Forwarder final : private AmqpSession::Handler {
   Clock::time_point connected_at_;
   uint64_t confirms_this_connection_ = 0;
   Clock::time_point reconnect_at_;
-  Clock::time_point journal_retry_at_;
-  // Failed reads in a row at the main reader's position.
-  int read_attempts_ = 0;
-  // Republishing: failed reads in a row of the post at this position.
-  JournalPosition republish_failed_at_;
-  int republish_attempts_ = 0;
-  struct Damaged {
-    JournalPosition at;  // where reading failed; the rest of the segment is skipped
-    bool move_error_logged = false;
-  };
-  // Segments known to be damaged and not moved aside yet, by seq.
-  std::map<uint64_t, Damaged> damaged_;
-  // nullptr while the checkpoint file could not be created (a full disk).
-  std::unique_ptr<Checkpoint> checkpoint_;
-  bool checkpoint_open_error_logged_ = false;
-  JournalPosition written_checkpoint_;  // written, maybe not synced
-  JournalPosition stored_checkpoint_;   // synced
-  JournalPosition cleaned_at_;          // the watermark of the last deletion
-  Clock::time_point next_checkpoint_at_;
-  bool checkpoint_error_logged_ = false;
   // The reader found nothing more before this limit (since the last seek).
   JournalPosition idle_at_limit_;
   bool drain_probed_ = false;
-  // The furthest the main reader got: damage and encode errors before it
-  // were counted and logged already.
-  JournalPosition read_high_;
-  uint64_t skipped_seen_ = 0;
-  uint64_t lost_seen_ = 0;
   // Encoding errors before this position were counted and logged already.
   JournalPosition encode_error_high_;
   // Log throttling for per-message events.
@@ -363,7 +334,6 @@ class Forwarder final : private AmqpSession::Handler {
   Clock::time_point next_return_log_;
   uint64_t returns_unlogged_ = 0;
   v03::Encoded encoded_;
-  flatbuffers::FlatBufferBuilder builder_;
 };
 
 }  // namespace postspool::daemon

@@ -646,6 +646,18 @@ JournalPosition StorableCheckpoint(JournalPosition watermark,
   return damaged_at ? std::min(watermark, *damaged_at) : watermark;
 }
 
+uint64_t CountRecordsFrom(int dirfd, uint64_t seq, uint64_t offset, Storage* storage) {
+  int raw = -1;
+  if (!storage->OpenAt(dirfd, JournalSegmentName(seq), Storage::OpenMode::kRead, &raw).ok()) {
+    return 0;
+  }
+  const StorageFd fd(storage, raw);
+  std::unique_ptr<segment::Source> source;
+  if (!StorageSource::Open(storage, fd.get(), UINT64_MAX, &source).ok()) return 0;
+  const uint64_t from = std::min(offset, source->size());
+  return segment::CountLostRecords(source.get(), from, source->size() - from);
+}
+
 Status SetAsideDamagedSegment(int dirfd, uint64_t seq, JournalUsage* usage,
                               std::string* moved_to, Storage* storage) {
   const std::string name = JournalSegmentName(seq);

@@ -298,6 +298,12 @@ class Checkpoint {
 JournalPosition StorableCheckpoint(JournalPosition watermark,
                                    std::optional<JournalPosition> damaged_at);
 
+// The records in segment `seq` from `offset` to its end, as postspool verify
+// counts them (segment::CountLostRecords): what a damaged segment loses past
+// the point where reading failed. 0 if the segment cannot be opened.
+uint64_t CountRecordsFrom(int dirfd, uint64_t seq, uint64_t offset,
+                          Storage* storage = SystemStorage());
+
 // Moves the damaged segment `seq` into the damaged/ subdirectory of the
 // journal directory (created 0700 if missing), under its own name or, if a
 // file of that name is there already, with a suffix (.1, .2, ...): it never

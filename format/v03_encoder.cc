@@ -457,14 +457,16 @@ Status Encode(const fb::Post& post, const EncodeOptions& options, Encoded* out) 
   body->clear();
   // Enough for a post without escapes, so that the usual post grows the
   // buffer at most once.
-  size_t estimate = 512 + options.source.size() + View(post.base_url()).size() + rel_path.size() +
+  std::string_view base_url = View(post.base_url());
+  if (base_url.empty() && !options.base_url_default.empty()) base_url = options.base_url_default;
+  size_t estimate = 512 + options.source.size() + base_url.size() + rel_path.size() +
                     View(post.retrieve_path()).size();
   if (post.extras() != nullptr) estimate += post.extras()->size() * 64;
   if (body->capacity() < estimate) body->reserve(estimate);
 
   body->push_back('{');
   AppendTimeMember("pubTime", post.pub_time_ns(), 0, body);
-  if (post.base_url() != nullptr) AppendStringMember("baseUrl", View(post.base_url()), 0, body);
+  if (post.base_url() != nullptr || !base_url.empty()) AppendStringMember("baseUrl", base_url, 0, body);
   if (post.rel_path() != nullptr) AppendStringMember("relPath", rel_path, 0, body);
   if (post.retrieve_path() != nullptr) {
     AppendStringMember("retrievePath", View(post.retrieve_path()), 0, body);

@@ -23,6 +23,9 @@ struct EncodeOptions {
   // The body's "source" field (Sarracenia sets the broker user); omitted
   // when empty.
   std::string_view source;
+  // The baseUrl of a post that has none (or an empty one): the daemon's
+  // post_baseUrl, for a post that reached the journal without it.
+  std::string_view base_url_default;
 };
 
 struct Encoded {

@@ -157,6 +157,17 @@ TEST(V03Encoder, MinimalPostHasOnlyPubTimeBaseUrlRelPath) {
   EXPECT_EQ(e.routing_key, "v03.data");
 }
 
+TEST(V03Encoder, BaseUrlDefaultFillsInOnlyAMissingBaseUrl) {
+  EncodeOptions options;
+  options.base_url_default = "sftp://node1/";
+  PostData without = MinimalPost();
+  without.base_url.clear();
+  EXPECT_EQ(Body(without, options),
+            R"({"pubTime": "20231114T221320.1234", "baseUrl": "sftp://node1/", )"
+            R"("relPath": "data/x.txt"})");
+  EXPECT_EQ(Body(MinimalPost(), options), MinimalBodyWith(""));
+}
+
 TEST(V03Encoder, OriginIsNotPartOfTheBody) {
   PostData p = MinimalPost();
   p.origin_uid = 1000;

@@ -473,7 +473,9 @@ TEST_F(CliSegmentTest, JsonTakesBackTheBodyTheDaemonPublishes) {
   BuildPost(original, &builder);
   v03::Encoded published;
   ASSERT_TRUE(v03::Encode(*fb::GetPost(builder.GetBufferPointer()),
-                          v03::EncodeOptions{.topic_prefix = "v03", .source = "alice"}, &published)
+                          v03::EncodeOptions{.topic_prefix = "v03", .source = "alice",
+                                             .base_url_default = {}},
+                          &published)
                   .ok());
   ASSERT_NE(published.body.find("\\udcff\\udcfe"), std::string::npos) << published.body;
 

@@ -10,8 +10,6 @@ using std::chrono::milliseconds;
 
 constexpr int kPublishBatch = 64;                              // forwarder.cc
 constexpr auto kStableConnection = std::chrono::seconds(10);   // forwarder.cc
-constexpr auto kJournalRetryDelay = std::chrono::seconds(1);   // forwarder.cc
-constexpr int kJournalReadAttempts = 5;                        // forwarder.cc
 
 }  // namespace
 
@@ -173,8 +171,7 @@ SimForwarder::SimForwarder(const daemon::Config& config, Options options, SimNod
       on_publish_(std::move(on_publish)),
       storage_(storage),
       dirfd_(dirfd),
-      reader_(dirfd, storage),
-      retry_reader_(dirfd, storage),
+      feed_(storage, dirfd, usage, milliseconds(config.checkpoint_interval_ms), this),
       connect_backoff_(config.reconnect_delay_initial_ms, config.reconnect_delay_max_ms, seed) {}
 
 SimForwarder::~SimForwarder() {
@@ -196,14 +193,8 @@ Status SimForwarder::Start() {
   wo.retry_delay_max_ms = config_.republish_delay_max_ms;
   wo.seed = seed_ ^ 0x9e3779b97f4a7c15ull;
   window_ = std::make_unique<daemon::PublishWindow>(wo, start);
-  reader_.Seek(start);
-  stored_checkpoint_ = start;
-  written_checkpoint_ = start;
-  cleaned_at_ = JournalPosition{};
-  checkpoint_.reset();
+  feed_.Start(start);
   reconnect_at_ = Clock::time_point{};
-  journal_retry_at_ = Clock::time_point{};
-  next_checkpoint_at_ = Clock::time_point{};
   idle_at_limit_ = JournalPosition{};
   return Status::Ok();
 }
@@ -267,12 +258,12 @@ bool SimForwarder::Pump(Clock::time_point now) {
     LoseConnection(now);
     return false;
   }
-  WriteWatermark();
+  if (!node_->fs.daemon_dead()) feed_.WriteWatermark(window_->watermark());
   bool more = false;
   if (!blocked_) {
     int budget = kPublishBatch;
     daemon::PublishWindow::Due due;
-    while (budget > 0 && now >= journal_retry_at_ && window_->CanRepublish() &&
+    while (budget > 0 && feed_.CanRead(now) && window_->CanRepublish() &&
            window_->NextDue(now, &due)) {
       if (!Republish(due, now)) {
         LoseConnection(now);
@@ -281,33 +272,12 @@ bool SimForwarder::Pump(Clock::time_point now) {
       --budget;
     }
     const JournalPosition limit = commits_->end;
-    while (budget > 0 && now >= journal_retry_at_ && window_->CanPublishNew()) {
-      const JournalPosition before = reader_.position();
-      if (auto it = damaged_.find(before.segment_seq);
-          it != damaged_.end() && before >= it->second.at) {
-        // As forwarder.cc: given up once the ingest loop writes elsewhere.
-        if (before.segment_seq >= limit.segment_seq) break;
-        reader_.SkipSegment();
-        continue;
-      }
+    while (budget > 0 && window_->CanPublishNew()) {
       daemon::JournalReader::Entry entry;
-      bool got = false;
-      const uint64_t skipped_before = reader_.skipped_bytes();
-      const Status rs = reader_.Next(limit, &entry, &got);
-      if (reader_.skipped_bytes() != skipped_before) {
-        node_->Trace("forwarder: skipped " +
-                     std::to_string(reader_.skipped_bytes() - skipped_before) +
-                     " damaged bytes after " + std::to_string(before.segment_seq) + ":" +
-                     std::to_string(before.offset));
-      }
-      if (!rs.ok()) {
-        node_->Trace("forwarder: cannot read the journal: " + rs.ToString());
-        if (OnJournalReadError(rs, now)) continue;
-        break;
-      }
-      read_attempts_ = 0;
-      if (!got) {
-        window_->OnReaderIdle(reader_.position());
+      const daemon::JournalFeed::Read r = feed_.Next(limit, now, &entry);
+      if (r == daemon::JournalFeed::Read::kWait) break;
+      if (r == daemon::JournalFeed::Read::kIdle) {
+        window_->OnReaderIdle(feed_.position());
         idle_at_limit_ = std::max(idle_at_limit_, limit);
         break;
       }
@@ -324,17 +294,11 @@ bool SimForwarder::Pump(Clock::time_point now) {
 }
 
 Status SimForwarder::EncodePost(const fb::Post& post) {
-  const fb::Post* p = &post;
-  if (post.base_url() == nullptr || post.base_url()->size() == 0) {
-    PostData data = ReadPost(post);
-    data.base_url = config_.post_baseUrl;
-    BuildPost(data, &builder_);
-    p = fb::GetPost(builder_.GetBufferPointer());
-  }
   v03::EncodeOptions options;
   options.topic_prefix = config_.post_topicPrefix;
   options.source = "sim";
-  return v03::Encode(*p, options, &encoded_);
+  options.base_url_default = config_.post_baseUrl;
+  return v03::Encode(post, options, &encoded_);
 }
 
 bool SimForwarder::PublishNew(const daemon::JournalReader::Entry& entry, Clock::time_point now,
@@ -349,7 +313,7 @@ bool SimForwarder::PublishNew(const daemon::JournalReader::Entry& entry, Clock::
   if (on_publish_) on_publish_(post);
   if (!broker_->Publish(id, entry.position, now)) {
     // Not in the window: the reader reads it again on the next connection.
-    reader_.Seek(entry.position);
+    feed_.Rewind(entry.position);
     return false;
   }
   window_->OnPublished(entry.position, entry.next, id);
@@ -358,36 +322,18 @@ bool SimForwarder::PublishNew(const daemon::JournalReader::Entry& entry, Clock::
 }
 
 bool SimForwarder::Republish(const daemon::PublishWindow::Due& due, Clock::time_point now) {
-  retry_reader_.Seek(due.position);
   daemon::JournalReader::Entry entry;
-  bool got = false;
-  if (Status rs = retry_reader_.Next(due.next, &entry, &got); !rs.ok()) {
-    // As forwarder.cc: a damaged header (or a read failing kJournalReadAttempts
-    // times) reports the segment damaged and gives the post up; retrying a
-    // damaged header forever would stop forwarding for good.
-    if (republish_failed_at_ != due.position) {
-      republish_failed_at_ = due.position;
-      republish_attempts_ = 0;
-    }
-    const bool damaged = rs.code() == StatusCode::kCorruption ||
-                         rs.code() == StatusCode::kUnsupported ||
-                         damaged_.contains(due.position.segment_seq);
-    if (!damaged && ++republish_attempts_ < kJournalReadAttempts) {
-      node_->Trace("forwarder: cannot read a post again: " + rs.ToString());
-      journal_retry_at_ = now + kJournalRetryDelay;
+  switch (feed_.ReadAgain(due.id, due.position, due.next, now, &entry)) {
+    case daemon::JournalFeed::Again::kRetryLater:
       return true;
-    }
-    republish_attempts_ = 0;
-    ReportDamagedSegment(due.position, rs);
-    window_->OnUnreadable(due.handle);
-    return true;
+    case daemon::JournalFeed::Again::kUnreadable:
+      window_->OnUnreadable(due.handle);
+      return true;
+    case daemon::JournalFeed::Again::kEntry:
+      break;
   }
-  Status es;
-  if (got && entry.position == due.position) es = EncodePost(PostFromPayload(entry.payload));
-  if (!got || entry.position != due.position || !es.ok()) {
-    node_->Trace("forwarder: post at " + std::to_string(due.position.segment_seq) + ":" +
-                 std::to_string(due.position.offset) + " can no longer be read (got " +
-                 std::to_string(got) + ")");
+  if (Status es = EncodePost(PostFromPayload(entry.payload)); !es.ok()) {
+    OnUnreadable(due.id, due.position, es.message());
     window_->OnUnreadable(due.handle);
     return true;
   }
@@ -397,99 +343,63 @@ bool SimForwarder::Republish(const daemon::PublishWindow::Due& due, Clock::time_
   return true;
 }
 
-void SimForwarder::WriteWatermark() {
-  if (node_->fs.daemon_dead()) return;
-  const JournalPosition w = CheckpointWatermark();
-  if (!checkpoint_ || w == written_checkpoint_) return;
-  if (Status s = checkpoint_->Store(w); !s.ok()) {
-    node_->Trace("forwarder: cannot write the checkpoint: " + s.ToString());
-    checkpoint_faulted_ = true;
-    return;
-  }
-  checkpoint_faulted_ = false;
-  written_checkpoint_ = w;
-}
-
 void SimForwarder::MaybeCheckpoint(Clock::time_point now, bool force) {
   if (node_->fs.daemon_dead()) return;
-  const JournalPosition w = window_->watermark();
-  if (w == stored_checkpoint_ && w == cleaned_at_) return;
-  if (!force && now < next_checkpoint_at_) return;
-  next_checkpoint_at_ = now + milliseconds(config_.checkpoint_interval_ms);
-  // As forwarder.cc: damaged segments set aside first, then the checkpoint
-  // bounded by those still in place.
-  SetAsideDamagedSegments(w);
-  const JournalPosition c = CheckpointWatermark();
-  if (!checkpoint_) {
-    if (Status s = daemon::Checkpoint::Open(dirfd_, c, &checkpoint_, storage_); s.ok()) {
-      written_checkpoint_ = c;
-      checkpoint_faulted_ = false;
-    } else {
-      node_->Trace("forwarder: cannot create the checkpoint: " + s.ToString());
-      checkpoint_faulted_ = true;
-    }
-  }
-  if (checkpoint_ && c != stored_checkpoint_) {
-    WriteWatermark();
-    if (written_checkpoint_ == c) {
-      if (Status s = checkpoint_->Sync(); s.ok()) {
-        stored_checkpoint_ = c;
-      } else {
-        node_->Trace("forwarder: cannot sync the checkpoint: " + s.ToString());
-      }
-    }
-  }
-  // As forwarder.cc: deleting does not wait for the checkpoint.
-  std::vector<uint64_t> keep;
-  for (const auto& [seq, damaged] : damaged_) keep.push_back(seq);
-  int deleted = 0;
-  if (daemon::DeleteConfirmedSegments(dirfd_, w, usage_, &deleted, keep, storage_).ok()) {
-    cleaned_at_ = w;
-  }
+  feed_.MaybeCheckpoint(window_->watermark(), now, force);
 }
 
-bool SimForwarder::OnJournalReadError(const Status& why, Clock::time_point now) {
-  const JournalPosition at = reader_.position();
-  if (auto it = damaged_.find(at.segment_seq); it != damaged_.end()) {
-    it->second.at = std::min(it->second.at, at);
-    read_attempts_ = 0;
-    return true;
-  }
-  const bool damaged =
-      why.code() == StatusCode::kCorruption || why.code() == StatusCode::kUnsupported;
-  if (!damaged && ++read_attempts_ < kJournalReadAttempts) {
-    journal_retry_at_ = now + kJournalRetryDelay;
-    return false;
-  }
-  read_attempts_ = 0;
-  ReportDamagedSegment(at, why);
-  return true;
+namespace {
+
+std::string Where(JournalPosition p) {
+  return std::to_string(p.segment_seq) + ":" + std::to_string(p.offset);
 }
 
-void SimForwarder::ReportDamagedSegment(JournalPosition at, const Status& why) {
-  if (!damaged_.emplace(at.segment_seq, Damaged{at}).second) return;
+}  // namespace
+
+void SimForwarder::OnReadFailed(JournalPosition at, const Status& why, int attempt,
+                                std::chrono::milliseconds) {
+  node_->Trace("forwarder: cannot read the journal at " + Where(at) + ": " + why.ToString() +
+               " (attempt " + std::to_string(attempt) + " next)");
+}
+
+void SimForwarder::OnBytesSkipped(JournalPosition before, uint64_t bytes, uint64_t records) {
+  node_->Trace("forwarder: skipped " + std::to_string(bytes) + " damaged bytes (" +
+               std::to_string(records) + " records) after " + Where(before));
+}
+
+void SimForwarder::OnSegmentDamaged(JournalPosition at, const Status& why, uint64_t records) {
   ++damaged_reported_;
   node_->Trace("forwarder: journal segment " + std::to_string(at.segment_seq) +
-               " is damaged: " + why.ToString());
+               " is damaged from " + Where(at) + " (" + std::to_string(records) +
+               " records): " + why.ToString());
 }
 
-JournalPosition SimForwarder::CheckpointWatermark() const {
-  return daemon::StorableCheckpoint(
-      window_->watermark(),
-      damaged_.empty() ? std::nullopt : std::optional(damaged_.begin()->second.at));
+void SimForwarder::OnSegmentSetAside(uint64_t, const std::string& moved_to) {
+  node_->Trace("forwarder: moved a damaged journal segment to " + moved_to);
 }
 
-void SimForwarder::SetAsideDamagedSegments(JournalPosition watermark) {
-  for (auto it = damaged_.begin(); it != damaged_.end() && it->first < watermark.segment_seq;) {
-    std::string moved_to;
-    const Status s = daemon::SetAsideDamagedSegment(dirfd_, it->first, usage_, &moved_to, storage_);
-    if (s.ok() || s.code() == StatusCode::kNotFound) {
-      if (s.ok()) node_->Trace("forwarder: moved a damaged journal segment to " + moved_to);
-      it = damaged_.erase(it);
-      continue;
-    }
-    ++it;
-  }
+void SimForwarder::OnSetAsideFailed(uint64_t seq, const Status& why) {
+  node_->Trace("forwarder: cannot move damaged segment " + std::to_string(seq) +
+               " aside: " + why.ToString());
+}
+
+void SimForwarder::OnRereadFailed(PostId, JournalPosition at, const Status& why,
+                                  std::chrono::milliseconds) {
+  node_->Trace("forwarder: cannot read the post at " + Where(at) + " again: " + why.ToString());
+}
+
+void SimForwarder::OnUnreadable(PostId, JournalPosition at, const std::string& why) {
+  node_->Trace("forwarder: the post at " + Where(at) + " can no longer be read: " + why);
+}
+
+void SimForwarder::OnCheckpointFailed(CheckpointStep step, const Status& why) {
+  node_->Trace(std::string("forwarder: cannot ") +
+               (step == CheckpointStep::kCreate ? "create" : "store") +
+               " the checkpoint: " + why.ToString());
+}
+
+void SimForwarder::OnDeleteFailed(const Status& why) {
+  node_->Trace("forwarder: cannot delete confirmed segments: " + why.ToString());
 }
 
 void SimForwarder::OnAck(uint64_t tag, bool multiple) {

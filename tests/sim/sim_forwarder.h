@@ -11,10 +11,11 @@
 // which crash epoch, and which ids were confirmed.
 //
 // SimForwarder: the loop of daemon/forwarder.cc (Run, Connect, Pump,
-// Republish, MaybeCheckpoint, LoseConnection) on one thread with virtual
-// time, with the real PublishWindow, the real v03 encoder, the real JournalReader
-// (the real SegmentReader) and the checkpoint on SimFs. Keep it in step with
-// forwarder.cc: it is a mirror, not a model of a better forwarder.
+// Republish, LoseConnection) on one thread with virtual time, over the real
+// PublishWindow, the real v03 encoder and the real JournalFeed (reading,
+// damaged segments, the checkpoint and deleting confirmed segments, on the
+// simulated disk). Keep its connection loop in step with forwarder.cc: it is
+// a mirror, not a model of a better forwarder.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +30,7 @@
 #include "post.h"
 #include "publish_window.h"
 #include "journal.h"
+#include "journal_feed.h"
 #include "sim_node.h"
 #include "storage.h"
 #include "v03_encoder.h"
@@ -142,7 +144,7 @@ class FakeBroker {
   daemon::UnroutablePolicy policy = daemon::UnroutablePolicy::kRetry;
 };
 
-class SimForwarder final : private FakeBroker::Handler {
+class SimForwarder final : private FakeBroker::Handler, private daemon::JournalFeed::Events {
  public:
   struct Options {
     // The checkpoint is stored at every move of the watermark (what
@@ -178,14 +180,16 @@ class SimForwarder final : private FakeBroker::Handler {
   bool Drained(JournalPosition target) const {
     return window_->size() == 0 && (window_->watermark() >= target || idle_at_limit_ >= target);
   }
-  JournalPosition stored_checkpoint() const { return stored_checkpoint_; }
+  JournalPosition stored_checkpoint() const { return feed_.stored_checkpoint(); }
   // The last attempt to open or write the checkpoint failed.
-  bool checkpoint_faulted() const { return checkpoint_faulted_; }
+  bool checkpoint_faulted() const { return feed_.checkpoint_faulted(); }
   // Damaged segments reported (found unreadable) so far.
   uint64_t damaged_reported() const { return damaged_reported_; }
   // A damaged segment not yet set aside holds the checkpoint back
   // (StorableCheckpoint): a crash now republishes more than a window.
-  bool checkpoint_held_by_damage() const { return CheckpointWatermark() < window_->watermark(); }
+  bool checkpoint_held_by_damage() const {
+    return feed_.Storable(window_->watermark()) < window_->watermark();
+  }
 
  private:
   void Connect(Clock::time_point now);
@@ -195,24 +199,28 @@ class SimForwarder final : private FakeBroker::Handler {
   bool PublishNew(const daemon::JournalReader::Entry& entry, Clock::time_point now, bool* published);
   bool Republish(const daemon::PublishWindow::Due& due, Clock::time_point now);
   Status EncodePost(const fb::Post& post);
-  // Forwarder::OnJournalReadError: true when the reader may go on (the
-  // segment is known damaged now), false to retry later.
-  bool OnJournalReadError(const Status& why, Clock::time_point now);
-  // Forwarder::ReportDamagedSegment.
-  void ReportDamagedSegment(JournalPosition at, const Status& why);
-  // Forwarder::SetAsideDamagedSegments.
-  void SetAsideDamagedSegments(JournalPosition watermark);
-  JournalPosition CheckpointWatermark() const;
   void MaybeCheckpoint(Clock::time_point now, bool force);
-  // Forwarder::WriteWatermark: the watermark into the checkpoint's page
-  // cache, before anything more is published.
-  void WriteWatermark();
 
   void OnAck(uint64_t tag, bool multiple) override;
   void OnNack(uint64_t tag, bool multiple) override;
   void OnReturn(PostId id) override;
   void OnBlocked() override { blocked_ = true; }
   void OnUnblocked() override { blocked_ = false; }
+  // JournalFeed::Events: traces, and the count of damaged segments.
+  void OnReadFailed(JournalPosition at, const Status& why, int attempt,
+                    std::chrono::milliseconds delay) override;
+  void OnReadRecovered(JournalPosition) override {}
+  void OnBytesSkipped(JournalPosition before, uint64_t bytes, uint64_t records) override;
+  void OnSegmentDamaged(JournalPosition at, const Status& why, uint64_t records) override;
+  void OnSegmentSetAside(uint64_t seq, const std::string& moved_to) override;
+  void OnSetAsideFailed(uint64_t seq, const Status& why) override;
+  void OnRereadFailed(PostId id, JournalPosition at, const Status& why,
+                      std::chrono::milliseconds delay) override;
+  void OnUnreadable(PostId id, JournalPosition at, const std::string& why) override;
+  void OnCheckpointFailed(CheckpointStep step, const Status& why) override;
+  void OnCheckpointCreated() override {}
+  void OnDeleteFailed(const Status& why) override;
+  void OnDeleted(int, JournalPosition) override {}
 
   const daemon::Config& config_;
   Options options_;
@@ -224,8 +232,7 @@ class SimForwarder final : private FakeBroker::Handler {
   std::function<void(const fb::Post&)> on_publish_;
   daemon::Storage* storage_;
   int dirfd_;
-  daemon::JournalReader reader_;
-  daemon::JournalReader retry_reader_;
+  daemon::JournalFeed feed_;
   std::unique_ptr<daemon::PublishWindow> window_;
   daemon::Backoff connect_backoff_;
   bool connected_ = false;
@@ -234,25 +241,9 @@ class SimForwarder final : private FakeBroker::Handler {
   Clock::time_point connected_at_{};
   uint64_t confirms_this_connection_ = 0;
   Clock::time_point reconnect_at_{};
-  Clock::time_point journal_retry_at_{};
-  JournalPosition stored_checkpoint_;
-  JournalPosition written_checkpoint_;
-  JournalPosition cleaned_at_;
-  std::unique_ptr<daemon::Checkpoint> checkpoint_;
-  struct Damaged {
-    JournalPosition at;  // where reading failed
-  };
-  // Segments known to be damaged and not moved aside yet, by seq.
-  std::map<uint64_t, Damaged> damaged_;
   JournalPosition idle_at_limit_;
-  int read_attempts_ = 0;
-  JournalPosition republish_failed_at_;
-  int republish_attempts_ = 0;
   uint64_t damaged_reported_ = 0;
-  bool checkpoint_faulted_ = false;
-  Clock::time_point next_checkpoint_at_{};
   v03::Encoded encoded_;
-  flatbuffers::FlatBufferBuilder builder_;
 };
 
 }  // namespace postspool::sim
