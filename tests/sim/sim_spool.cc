@@ -392,12 +392,15 @@ Status SimSpoolWriter::Prepare(size_t bytes) {
   return Status(StatusCode::kSealed, "current spool segment kept being sealed; gave up");
 }
 
-Status SimSpoolWriter::Commit(std::span<const std::byte> records) {
+Status SimSpoolWriter::Commit(std::span<const std::byte> records, size_t* written) {
   assert(locked_);
   SimFs& fs = node_->fs;
   Status s;
+  const size_t before = fs.Get(ino_)->data.size();
   const int64_t w = fs.Write(Actor::kClient, ino_, SimFs::kAppend, records);
   node_->spool_changed = true;
+  // What landed, also when the write failed (a torn write lands a prefix).
+  if (written != nullptr) *written = fs.Get(ino_)->data.size() - before;
   if (w < 0) {
     s = Status::FromErrno(static_cast<int>(-w), "append to segment");
   } else if (static_cast<size_t>(w) != records.size()) {
@@ -412,12 +415,16 @@ Status SimSpoolWriter::Commit(std::span<const std::byte> records) {
   return s;
 }
 
-void SimSpoolWriter::Abort(std::span<const std::byte> records, size_t torn) {
+size_t SimSpoolWriter::Abort(std::span<const std::byte> records, size_t torn) {
+  size_t written = 0;
   if (locked_ && torn > 0) {
+    const size_t before = node_->fs.Get(ino_)->data.size();
     (void)node_->fs.Write(Actor::kClient, ino_, SimFs::kAppend, records.first(torn));
     node_->spool_changed = true;
+    written = node_->fs.Get(ino_)->data.size() - before;
   }
   Close();
+  return written;
 }
 
 Status SimSpoolWriter::Append(std::span<const std::byte> records) {

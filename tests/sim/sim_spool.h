@@ -83,10 +83,13 @@ class SimSpoolWriter {
   Status Prepare(size_t bytes);
   // Writes the records with one O_APPEND write (and fdatasync with sync),
   // then unlocks.
-  Status Commit(std::span<const std::byte> records);
+  // *written: the bytes that reached the file (all of them; fewer, or a
+  // torn prefix, on a failed write), whether or not the sync then failed.
+  Status Commit(std::span<const std::byte> records, size_t* written = nullptr);
   // The writer dies with the lock held, after writing `torn` bytes of the
   // records (maybe none).
-  void Abort(std::span<const std::byte> records, size_t torn);
+  // Returns the bytes that reached the file.
+  size_t Abort(std::span<const std::byte> records, size_t torn);
   // Prepare + Commit.
   Status Append(std::span<const std::byte> records);
   // The process dies between appends.

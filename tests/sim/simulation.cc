@@ -106,6 +106,15 @@ struct PostInfo {
   bool acknowledged = false;
   bool via_spool = false;
   bool failed = false;
+  // How the daemon could have come by it: its socket request was sent whole
+  // (and not refused by the daemon's answer), its spool record was written
+  // whole, or its ring record's tail was stored (`ring`). A post published
+  // without one of these was never handed over, and must not be published:
+  // a torn record, a refused request, a record copied into a lane but never
+  // committed.
+  bool sent = false;
+  bool refused = false;
+  bool spool_written = false;
   // A journal copy was hit by injected disk damage: the contract holds only
   // while the disk survives, so the post is exempt (and counted).
   bool damaged = false;
@@ -173,6 +182,9 @@ class Client {
   void ToSpool(Clock::time_point now);
   void Acknowledge(bool via_spool);
   void FailPosts();
+  // The first `bytes` of records_ are in the spool segment: the posts whose
+  // records they hold whole were handed over (PostInfo::spool_written).
+  void SpoolWritten(size_t bytes);
   void CloseSocket();
   std::vector<std::byte> MakeRecords(uint32_t n, bool invalid);
 
@@ -200,6 +212,7 @@ class Client {
   State state_ = State::kIdle;
   std::vector<PostId> posts_;
   std::vector<std::byte> records_;
+  std::vector<size_t> record_ends_;  // where each of records_ ends in it
   uint64_t request_id_ = 0;
   Clock::time_point socket_deadline_{};
   Clock::time_point append_done_at_{};
@@ -422,7 +435,7 @@ void Client::Die(bool power_loss) {
   if (state_ == State::kSlowAppend) {
     // Killed mid-append: part of the record may be in the file.
     const size_t torn = power_loss || rng_.OneIn(2) ? 0 : rng_.Below(records_.size());
-    spool_->Abort(records_, torn);
+    SpoolWritten(spool_->Abort(records_, torn));
   }
   CloseSocket();
   SimSpoolWriter::Options so;
@@ -439,10 +452,18 @@ void Client::Die(bool power_loss) {
 
 std::vector<std::byte> Client::MakeRecords(uint32_t n, bool invalid) {
   std::vector<std::byte> out;
+  record_ends_.clear();
   for (uint32_t i = 0; i < n; ++i) {
     posts_.push_back(w_->MakePost(index_, uid_, hostile_, invalid, &rng_, &seq_, &out));
+    record_ends_.push_back(out.size());
   }
   return out;
+}
+
+void Client::SpoolWritten(size_t bytes) {
+  for (size_t i = 0; i < posts_.size() && i < record_ends_.size(); ++i) {
+    if (record_ends_[i] <= bytes) w_->posts_[posts_[i]].spool_written = true;
+  }
 }
 
 void Client::Acknowledge(bool via_spool) {
@@ -502,7 +523,10 @@ void Client::ToSpool(Clock::time_point now) {
     append_done_at_ = now + milliseconds(rng_.Range(500, 3000));
     return;
   }
-  if (spool_->Commit(records_).ok()) {
+  size_t written = 0;
+  const Status committed = spool_->Commit(records_, &written);
+  SpoolWritten(written);
+  if (committed.ok()) {
     Acknowledge(true);
   } else {
     FailPosts();
@@ -547,6 +571,7 @@ void Client::StartPost(Clock::time_point now) {
     std::vector<std::byte> packet(header.begin(), header.end());
     packet.insert(packet.end(), records_.begin(), records_.end());
     s->to_daemon.push_back(std::move(packet));
+    for (const PostId& id : posts_) w_->posts_[id].sent = true;
     break;
   }
   state_ = State::kAwaitAck;
@@ -559,6 +584,10 @@ void Client::HandleAck(const std::vector<std::byte>& raw, Clock::time_point now)
   if (!wire::DecodeAck(raw, &ack) || ack.request_id != request_id_) {
     SocketFailed(false, now);  // malformed: spooled
     return;
+  }
+  if (ack.status != wire::AckStatus::kAccepted) {
+    // Taken whole or not at all (FORMAT.md): none of them was taken.
+    for (const PostId& id : posts_) w_->posts_[id].refused = true;
   }
   switch (ack.status) {
     case wire::AckStatus::kAccepted:
@@ -710,7 +739,10 @@ void Client::Step(Clock::time_point now, bool producing) {
     }
     case State::kSlowAppend:
       if (now >= append_done_at_) {
-        if (spool_->Commit(records_).ok()) {
+        size_t written = 0;
+        const Status committed = spool_->Commit(records_, &written);
+        SpoolWritten(written);
+        if (committed.ok()) {
           Acknowledge(true);
         } else {
           FailPosts();
@@ -1676,6 +1708,12 @@ void World::CheckPublished(const fb::Post& post) {
     return;
   }
   const PostInfo& p = it->second;
+  if (!p.hostile && !p.ring && !p.spool_written && !(p.sent && !p.refused)) {
+    Fail("published_only_what_was_handed_over",
+         "published post " + Hex(id) + " (client " + std::to_string(p.client) + ") was " +
+             (p.sent ? "refused by the daemon's answer" : "never sent") +
+             " and never written whole to the spool");
+  }
   if (post.rel_path() == nullptr || post.rel_path()->str() != p.rel_path) {
     Fail("nothing_invented", "published post " + Hex(id) + " has relPath '" +
                                  (post.rel_path() ? post.rel_path()->str() : "") +

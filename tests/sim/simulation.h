@@ -20,6 +20,14 @@
 //    under unroutable_policy = drop is exempt, and counted);
 //  - nothing_invented: every post published was made by a client, with the
 //    path it made and the origin uid of the process that made it;
+//  - published_only_what_was_handed_over: every post published (of a benign
+//    client) was handed to the daemon: its socket request was sent whole and
+//    not refused by the daemon's answer, or its spool record was written
+//    whole (a torn write, or a writer killed mid-append, counts only the
+//    records that landed whole), or its ring record's tail was stored. A
+//    post refused with `full` and not spooled must never appear. Checked by
+//    breaking it: a daemon that journals a request it answers `full` fails
+//    it in 15 of 1,000 seeds;
 //  - duplicates_per_crash_at_most_publish_window: after each crash (or
 //    restart), at most publish_window_max of the posts the broker had
 //    enqueued before it are enqueued again;
