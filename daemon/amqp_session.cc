@@ -317,6 +317,7 @@ Status AmqpSession::Publish(std::string_view exchange, std::string_view routing_
   if (rc != AMQP_STATUS_OK) {
     return Status(StatusCode::kIoError, std::string("publish: ") + amqp_error_string2(rc));
   }
+  ++published_;
   return Status::Ok();
 }
 
@@ -337,6 +338,7 @@ Status AmqpSession::AppendPublish(std::string_view exchange, std::string_view ro
     // publish, the connection is given up.
     return Status(StatusCode::kIoError, "publish: " + s.message());
   }
+  ++published_;
   if (pending_.size() >= kFlushBytes) return Flush();
   return Status::Ok();
 }

@@ -93,6 +93,10 @@ class AmqpSession {
   // (kIoError).
   Status Flush();
   size_t pending_bytes() const { return pending_.size(); }
+  // The delivery tag the broker gives the next publish on channel 1 (tags
+  // count every publish since confirm.select, from 1): a publisher that
+  // takes over a channel that has published goes on from there.
+  uint64_t next_delivery_tag() const { return published_ + 1; }
 
   // Handles every frame that is available without waiting (rabbitmq-c's
   // queued frames and buffered bytes first, then the socket), and sends a
@@ -118,6 +122,7 @@ class AmqpSession {
   // Set by Open: plain TCP (AppendPublish writes the socket itself), the
   // negotiated frame_max, the bound of one Flush.
   bool direct_writes_ = false;
+  uint64_t published_ = 0;  // basic.publish sent (or appended) on channel 1
   uint32_t frame_max_ = 0;
   uint32_t write_timeout_ms_ = 0;
   std::string pending_;  // encoded frames not written yet

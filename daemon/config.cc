@@ -154,6 +154,7 @@ Status ParseConfig(const std::string& text, const std::string& origin, Config* c
       {"tls_key_file", [&](auto v) { c->tls_key_file = v; return true; }},
       {"tls_verify_peer", [&](auto v) { return ParseBool(v, &c->tls_verify_peer); }},
       {"tls_verify_hostname", [&](auto v) { return ParseBool(v, &c->tls_verify_hostname); }},
+      {"broker_standby", [&](auto v) { return ParseBool(v, &c->broker_standby); }},
       {"shutdown_drain_ms", [&](auto v) { return ParseU32(v, &c->shutdown_drain_ms); }},
       {"metrics_file", [&](auto v) { c->metrics_file = v; return true; }},
       {"control_socket_path", [&](auto v) { c->control_socket_path = v; return true; }},

@@ -100,6 +100,10 @@ struct Config {
   uint32_t path_refused_ms = 1000;
   uint32_t path_silent_ms = 5000;
   uint32_t path_wait_max_ms = 30000;
+  // With two or more brokers: keep a second connection open to another one,
+  // warmed by publishing on it once, and move to it at once when the
+  // connection breaks (standby_session.h).
+  bool broker_standby = true;
   uint32_t checkpoint_interval_ms = 200;
   std::string tls_ca_file;  // empty: the system's CA store
   std::string tls_cert_file;

@@ -606,7 +606,9 @@ json Daemon::StatusReply() const {
                  {"connect_failures_in_row", f.connect_failures_in_row},
                  {"reconnect_delay_ms", f.reconnect_delay_ms},
                  {"path_fault", f.path_fault},
-                 {"path_changes", f.path_changes}};
+                 {"path_changes", f.path_changes},
+                 {"standby", f.standby},
+                 {"standby_ready", f.standby_ready}};
   if (!f.last_path_change.empty()) broker["last_path_change"] = f.last_path_change;
   if (f.state == "waiting") broker["next_attempt_in_ms"] = f.next_attempt_in_ms;
   if (!f.last_error.empty()) {

@@ -39,6 +39,8 @@ constexpr auto kConnectErrorLogInterval = std::chrono::seconds(60);
 constexpr auto kPathCheckInterval = milliseconds(200);
 // How long shutdown spends counting what is left unconfirmed.
 constexpr auto kStopCountBudget = milliseconds(1000);
+// The connect timeout of a standby connection (it blocks the forwarder).
+constexpr uint32_t kStandbyConnectMs = 1000;
 
 int64_t UnixMsNow() {
   return std::chrono::duration_cast<milliseconds>(
@@ -299,11 +301,18 @@ void Forwarder::Run() {
                 : "confirmed nothing for " + FormatSeconds(v.fault_for) + " while " +
                       std::to_string(window_->in_flight() + window_->waiting()) +
                       " posts wait";
-        ChangePath(why + " (next step no sooner than in " + FormatSeconds(v.hold) + ")",
-                   v.step == BrokerPath::Step::kNextBroker, t);
+        if (TakeOverStandby(why, t)) {
+          metrics_->broker_path_changes_total.fetch_add(1, std::memory_order_relaxed);
+          ++path_changes_;
+          last_path_change_ = last_error_;
+        } else {
+          ChangePath(why + " (next step no sooner than in " + FormatSeconds(v.hold) + ")",
+                     v.step == BrokerPath::Step::kNextBroker, t);
+        }
         busy = true;
       }
     }
+    MaintainStandby(Clock::now());
     MaybeCheckpoint(Clock::now(), false);
     if (reconnect_requested_.exchange(false)) {
       if (session_) {
@@ -347,6 +356,10 @@ void Forwarder::Run() {
     drops_unlogged_ = 0;
   }
   CloseSession(/*polite=*/drained_.load());
+  if (std::unique_ptr<AmqpSession> standby = standby_.Take(); standby && drained_.load()) {
+    standby->Close();
+  }
+  metrics_->broker_standby_connected.store(0, std::memory_order_relaxed);
   metrics_->broker_connected.store(0, std::memory_order_relaxed);
   metrics_->publish_in_flight.store(0, std::memory_order_relaxed);
   MaybeCheckpoint(Clock::now(), true);
@@ -366,8 +379,7 @@ std::string Forwarder::ExchangeFor(const BrokerUrl& url) const {
   return config_.post_exchange.empty() ? "xs_" + url.user : config_.post_exchange;
 }
 
-void Forwarder::Connect(Clock::time_point now) {
-  const BrokerUrl& url = brokers_[broker_index_];
+AmqpSession::Options Forwarder::SessionOptions(const BrokerUrl& url) const {
   AmqpSession::Options options;
   options.heartbeat_s = config_.heartbeat_s;
   options.connect_timeout_ms = config_.connect_timeout_ms;
@@ -378,6 +390,12 @@ void Forwarder::Connect(Clock::time_point now) {
   options.tls_verify_hostname = config_.tls_verify_hostname;
   options.exchange = ExchangeFor(url);
   options.exchange_declare = config_.exchange_declare;
+  return options;
+}
+
+void Forwarder::Connect(Clock::time_point now) {
+  const BrokerUrl& url = brokers_[broker_index_];
+  const AmqpSession::Options options = SessionOptions(url);
   std::unique_ptr<AmqpSession> session;
   if (Status s = AmqpSession::Open(url, options, &session); !s.ok()) {
     metrics_->broker_connect_failures_total.fetch_add(1, std::memory_order_relaxed);
@@ -408,32 +426,136 @@ void Forwarder::Connect(Clock::time_point now) {
     }
     return;
   }
-  {
-    std::lock_guard lock(socket_mu_);
-    if (aborted_) return;  // stopping: drop the new session
-    socket_fd_ = session->fd();
-  }
-  session_ = std::move(session);
   metrics_->broker_connects_total.fetch_add(1, std::memory_order_relaxed);
-  metrics_->broker_connected.store(1, std::memory_order_relaxed);
-  exchange_ = options.exchange;
-  source_ = url.user;
-  blocked_ = false;
-  connected_at_ = now;
-  confirms_this_connection_ = 0;
   connect_failures_in_row_ = 0;
   last_connect_error_.clear();
   connect_errors_unlogged_ = 0;
-  SetConnectionState("connected", nullptr);
-  path_.OnConnected(now);
   // The window kept what earlier channels confirmed: the posts not
   // confirmed are due at once, and the reader goes on where it was.
   assert(window_->in_flight() == 0);
-  idle_at_limit_ = JournalPosition{};
+  if (!UseSession(std::move(session), broker_index_, /*blocked=*/false, now)) return;
   PS_LOG_INFO("forwarder: connected to %s (exchange '%s', heartbeat %d s); publishing again "
               "%zu unconfirmed posts after journal position %s, then new ones",
               url.display.c_str(), exchange_.c_str(), session_->heartbeat_s(),
               window_->waiting(), FormatPosition(window_->watermark()).c_str());
+}
+
+bool Forwarder::UseSession(std::unique_ptr<AmqpSession> session, size_t index, bool blocked,
+                           Clock::time_point now) {
+  {
+    std::lock_guard lock(socket_mu_);
+    if (aborted_) return false;  // stopping: drop the new session
+    socket_fd_ = session->fd();
+  }
+  session_ = std::move(session);
+  broker_index_ = index;
+  metrics_->broker_connected.store(1, std::memory_order_relaxed);
+  exchange_ = ExchangeFor(brokers_[index]);
+  source_ = brokers_[index].user;
+  blocked_ = blocked;
+  connected_at_ = now;
+  confirms_this_connection_ = 0;
+  warming_ = false;
+  SetConnectionState(blocked ? "blocked" : "connected", nullptr);
+  path_.OnConnected(now);
+  idle_at_limit_ = JournalPosition{};
+  return true;
+}
+
+// ---------------------------------------------------------------------------
+// The standby connection (standby_session.h)
+
+void Forwarder::MaintainStandby(Clock::time_point now) {
+  if (!config_.broker_standby || brokers_.size() < 2) return;
+  if (standby_.open() && (standby_readable_ || now >= standby_.next_tick())) {
+    standby_readable_ = false;
+    const std::string broker = brokers_[standby_.broker_index()].display;
+    if (Status s = standby_.Tend(now); !s.ok()) {
+      PS_LOG_WARNING("forwarder: lost the standby connection to %s: %s; opening one again in "
+                     "%s",
+                     broker.c_str(), s.message().c_str(),
+                     FormatSeconds(std::chrono::duration_cast<milliseconds>(
+                                       standby_.open_at() - now))
+                         .c_str());
+    }
+  }
+  // Only next to a connection that works (it had a confirm) and publishes.
+  if (!session_ || blocked_ || confirms_this_connection_ == 0) {
+    warming_ = false;
+  } else if (!standby_.open()) {
+    if (now >= standby_.open_at()) OpenStandby(now);
+  } else if (!standby_.warm()) {
+    // Warm it: publishing stops until nothing is in flight, then the two
+    // connections swap, so that both channels have published.
+    warming_ = true;
+    if (window_->in_flight() == 0) SwapWithStandby(now);
+  }
+  metrics_->broker_standby_connected.store(standby_.open() ? (standby_.warm() ? 2 : 1) : 0,
+                                           std::memory_order_relaxed);
+}
+
+void Forwarder::OpenStandby(Clock::time_point now) {
+  // The broker after the one in use, past the one that last failed.
+  size_t index = (broker_index_ + 1) % brokers_.size();
+  if (index == failed_index_ && brokers_.size() > 2) index = (index + 1) % brokers_.size();
+  const BrokerUrl& url = brokers_[index];
+  AmqpSession::Options options = SessionOptions(url);
+  // It blocks the forwarder while it connects: briefly, even to a node that
+  // does not answer.
+  options.connect_timeout_ms = std::min<uint32_t>(options.connect_timeout_ms, kStandbyConnectMs);
+  if (Status s = standby_.Open(url, index, options, now); !s.ok()) {
+    metrics_->broker_connect_failures_total.fetch_add(1, std::memory_order_relaxed);
+    PS_LOG_WARNING("forwarder: cannot open a standby connection to %s: %s; trying again in %s",
+                   url.display.c_str(), s.message().c_str(),
+                   FormatSeconds(std::chrono::duration_cast<milliseconds>(
+                                     standby_.open_at() - Clock::now()))
+                       .c_str());
+    return;
+  }
+  metrics_->broker_connects_total.fetch_add(1, std::memory_order_relaxed);
+  PS_LOG_INFO("forwarder: opened a standby connection to %s; publishing moves to it once to "
+              "make it ready, then it waits",
+              url.display.c_str());
+}
+
+void Forwarder::SwapWithStandby(Clock::time_point now) {
+  const size_t index = standby_.broker_index();
+  const bool blocked = standby_.blocked();
+  std::unique_ptr<AmqpSession> next = standby_.Take();
+  const std::string from = brokers_[broker_index_].display;
+  {
+    std::lock_guard lock(socket_mu_);
+    socket_fd_ = -1;
+  }
+  standby_.Put(std::move(session_), broker_index_, /*warm=*/true, blocked_, now);
+  // Nothing is in flight; the window counts on from that channel's next
+  // tag (it published before, when it was in use).
+  (void)window_->Reset(now, next->next_delivery_tag());
+  if (!UseSession(std::move(next), index, blocked, now)) return;
+  PS_LOG_INFO("forwarder: publishing on the connection to %s now, and keeping the one to %s as "
+              "the standby (ready: its channel has published)",
+              brokers_[index].display.c_str(), from.c_str());
+}
+
+bool Forwarder::TakeOverStandby(const std::string& why, Clock::time_point now) {
+  if (!standby_.open() || !standby_.warm() || !session_) return false;
+  const std::string from = brokers_[broker_index_].display;
+  failed_index_ = broker_index_;
+  CloseSession(/*polite=*/false);
+  const size_t index = standby_.broker_index();
+  const bool blocked = standby_.blocked();
+  std::unique_ptr<AmqpSession> next = standby_.Take(/*took_over=*/true, now);
+  const size_t unconfirmed = window_->Reset(now, next->next_delivery_tag());
+  if (!UseSession(std::move(next), index, blocked, now)) return true;
+  metrics_->broker_standby_takeovers_total.fetch_add(1, std::memory_order_relaxed);
+  metrics_->broker_standby_connected.store(0, std::memory_order_relaxed);
+  const std::string error = from + ": " + why;
+  last_error_ = error;
+  last_error_unix_ms_ = UnixMsNow();
+  PS_LOG_WARNING("forwarder: broker %s %s; moved to the standby connection to %s at once "
+                 "(%zu unconfirmed posts will be published again)",
+                 from.c_str(), why.c_str(), brokers_[index].display.c_str(), unconfirmed);
+  return true;
 }
 
 void Forwarder::ScheduleReconnect(Clock::time_point now) {
@@ -456,6 +578,7 @@ void Forwarder::CloseSession(bool polite) {
 void Forwarder::LoseConnection(const Status& why, Clock::time_point now) {
   const std::string lost = brokers_[broker_index_].display;
   metrics_->broker_connection_lost_total.fetch_add(1, std::memory_order_relaxed);
+  if (TakeOverStandby("lost the connection: " + why.message(), now)) return;
   metrics_->broker_connected.store(0, std::memory_order_relaxed);
   metrics_->publish_in_flight.store(0, std::memory_order_relaxed);
   CloseSession(/*polite=*/false);
@@ -510,7 +633,7 @@ bool Forwarder::Pump(Clock::time_point now) {
     int budget = kPublishBatch;
     // Posts to publish again first: they are the oldest.
     PublishWindow::Due due;
-    while (budget > 0 && feed_.CanRead(now) && window_->CanRepublish() &&
+    while (budget > 0 && !warming_ && feed_.CanRead(now) && window_->CanRepublish() &&
            window_->NextDue(now, &due)) {
       if (Status s = Republish(due, now); !s.ok()) {
         LoseConnection(s, now);
@@ -522,7 +645,7 @@ bool Forwarder::Pump(Clock::time_point now) {
     // that a commit after the read wakes the next poll.
     commits_->Drain();
     const JournalPosition limit = commits_->committed();
-    while (budget > 0 && window_->CanPublishNew()) {
+    while (budget > 0 && !warming_ && window_->CanPublishNew()) {
       JournalReader::Entry entry;
       const JournalFeed::Read r = feed_.Next(limit, now, &entry);
       if (r == JournalFeed::Read::kWait) break;
@@ -647,9 +770,14 @@ void Forwarder::Wait(Clock::time_point now, bool busy) {
     std::lock_guard lock(control_mu_);
     earlier(drain_deadline_);
   }
-  pollfd fds[3];
+  pollfd fds[4];
   nfds_t n = 0;
   fds[n++] = pollfd{wake_fd_.get(), POLLIN, 0};
+  const nfds_t standby_at = n;
+  if (standby_.open()) {
+    fds[n++] = pollfd{standby_.fd(), POLLIN, 0};
+    earlier(standby_.next_tick());
+  }
   if (!session_) {
     earlier(reconnect_at_);
   } else {
@@ -679,6 +807,7 @@ void Forwarder::Wait(Clock::time_point now, bool busy) {
     uint64_t v;
     [[maybe_unused]] ssize_t r = ::read(wake_fd_.get(), &v, sizeof v);
   }
+  if (ready > 0 && standby_.open() && fds[standby_at].revents != 0) standby_readable_ = true;
 }
 
 // ---------------------------------------------------------------------------
@@ -968,6 +1097,10 @@ void Forwarder::UpdateSnapshot() {
     s.confirm_wait_ms = std::chrono::duration_cast<milliseconds>(Clock::now() - last_progress_).count();
   }
   s.last_unroutable_drop_unix_ms = last_drop_unix_ms_;
+  if (standby_.open()) {
+    s.standby = brokers_[standby_.broker_index()].display;
+    s.standby_ready = standby_.warm();
+  }
   std::lock_guard lock(snapshot_mu_);
   snapshot_ = std::move(s);
 }

@@ -47,7 +47,9 @@
 // forwarder reconnects, then moves on to the next broker, with doubling
 // waits, logs each step and counts it (broker_path_changes_total). A lost
 // or dropped connection publishes again only the posts not confirmed
-// (publish_window.h, Reset).
+// (publish_window.h, Reset). With two or more brokers, a standby connection
+// to another one (standby_session.h, broker_standby) takes over at once
+// when the connection is lost or its path broken, before any of these steps.
 //
 // Bounded: at most publish_window_max posts in flight and as many entries
 // in the window; the backlog stays on disk.
@@ -108,6 +110,7 @@
 #include "journal_feed.h"
 #include "metrics.h"
 #include "publish_window.h"
+#include "standby_session.h"
 #include "status.h"
 #include "unique_fd.h"
 #include "v03_encoder.h"
@@ -167,6 +170,10 @@ class Forwarder final : private AmqpSession::Handler, private JournalFeed::Event
     uint64_t path_changes = 0;
     std::string last_path_change;
     int64_t last_unroutable_drop_unix_ms = 0;
+    // The standby connection's broker (broker_standby; empty if none), and
+    // whether it is ready (warm: it can take over at once).
+    std::string standby;
+    bool standby_ready = false;
   };
   Snapshot snapshot() const;
   // The same without waiting: false (and *out untouched) if the forwarder
@@ -205,6 +212,19 @@ class Forwarder final : private AmqpSession::Handler, private JournalFeed::Event
   void ChangePath(const std::string& why, bool next_broker, Clock::time_point now);
   void CloseSession(bool polite);
   void ScheduleReconnect(Clock::time_point now);
+  AmqpSession::Options SessionOptions(const BrokerUrl& url) const;
+  // Publishes on `session` (to broker `index`) from now on; false if the
+  // forwarder is stopping (the session is dropped).
+  bool UseSession(std::unique_ptr<AmqpSession> session, size_t index, bool blocked,
+                  Clock::time_point now);
+  // The standby connection (standby_session.h): opens it, keeps it alive,
+  // warms it by swapping once nothing is in flight.
+  void MaintainStandby(Clock::time_point now);
+  void OpenStandby(Clock::time_point now);
+  void SwapWithStandby(Clock::time_point now);
+  // The connection broke (`why`): moves to the standby at once if it is
+  // warm; false if there is none.
+  bool TakeOverStandby(const std::string& why, Clock::time_point now);
   std::string ExchangeFor(const BrokerUrl& url) const;
   // Reads frames and publishes a batch; true if more work is ready at once.
   bool Pump(Clock::time_point now);
@@ -316,6 +336,11 @@ class Forwarder final : private AmqpSession::Handler, private JournalFeed::Event
   uint64_t path_changes_ = 0;
   std::string last_path_change_;
   std::unique_ptr<AmqpSession> session_;
+  StandbySession standby_;
+  bool standby_readable_ = false;  // poll() saw input on the standby
+  // Publishing waits for nothing in flight, to swap with a cold standby.
+  bool warming_ = false;
+  size_t failed_index_ = SIZE_MAX;  // the broker whose connection broke last
   size_t broker_index_ = 0;
   std::string exchange_;
   std::string source_;

@@ -79,7 +79,9 @@ std::string Metrics::RenderPrometheus() const {
   PS_COUNTER(broker_connection_lost_total, "Broker connections lost.");
   PS_COUNTER(broker_blocked_total, "Times the broker blocked publishing (connection.blocked).");
   PS_COUNTER(broker_path_changes_total, "Connections dropped for a broken broker path (refused or silent) or by postspool reconnect.");
+  PS_COUNTER(broker_standby_takeovers_total, "Times the forwarder moved to its standby connection after its connection broke.");
   PS_GAUGE(broker_connected, "1 while connected to a broker, else 0.");
+  PS_GAUGE(broker_standby_connected, "The standby connection (broker_standby): 0 none, 1 open, 2 open and warm (its channel has published).");
   PS_GAUGE(publish_in_flight, "Posts published and not yet confirmed.");
   PS_GAUGE(backlog_posts, "Journaled posts not yet confirmed by the broker nor dropped.");
   PS_GAUGE(backlog_oldest_age_seconds, "Age of the oldest unconfirmed post, 0 when there is none.");

@@ -77,7 +77,9 @@ struct Metrics {
   Counter broker_connection_lost_total{0};
   Counter broker_blocked_total{0};
   Counter broker_path_changes_total{0};  // reconnects for a broken path (broker_path.h)
+  Counter broker_standby_takeovers_total{0};  // moves to the standby connection
   std::atomic<uint64_t> broker_connected{0};  // gauge, 0/1
+  std::atomic<uint64_t> broker_standby_connected{0};  // gauge: 0 none, 1 open, 2 warm
   std::atomic<uint64_t> publish_in_flight{0}; // gauge
   // Backlog (gauges, from the forwarder's count): journaled posts not yet
   // confirmed, and the age of the oldest of them.

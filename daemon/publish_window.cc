@@ -183,7 +183,7 @@ bool PublishWindow::OnReturn(PostId id) {
   return true;
 }
 
-size_t PublishWindow::Reset(Clock::time_point now) {
+size_t PublishWindow::Reset(Clock::time_point now, uint64_t first_tag) {
   size_t again = 0;
   for (Entry& e : entries_) {
     if (e.state == State::kDone) continue;
@@ -197,7 +197,7 @@ size_t PublishWindow::Reset(Clock::time_point now) {
     ++again;
   }
   tags_.clear();
-  first_tag_ = 1;
+  first_tag_ = first_tag;
   in_flight_ = 0;
   waiting_ = again;
   returned_ = 0;

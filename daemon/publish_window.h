@@ -119,12 +119,13 @@ class PublishWindow {
 
   // --- Connection ---------------------------------------------------------
   // The channel is gone: every unconfirmed tag is void and tags restart at
-  // 1. Entries the broker acked stay done (never published again); those in
+  // `first_tag` (1 on a new channel; a channel that published before goes on
+  // from its next tag). Entries the broker acked stay done (never published again); those in
   // flight or waiting become due at `now` and are published again on the
   // next channel (duplicates of those only, never loss). The journal reader
   // goes on where it is (after the last entry). Returns how many entries
   // will be published again.
-  size_t Reset(Clock::time_point now);
+  size_t Reset(Clock::time_point now, uint64_t first_tag = 1);
 
   // --- State --------------------------------------------------------------
   JournalPosition watermark() const { return watermark_; }

@@ -191,6 +191,10 @@ std::string S(const json& j, const char* key) {
   const auto it = j.find(key);
   return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
 }
+bool B(const json& j, const char* key) {
+  const auto it = j.find(key);
+  return it != j.end() && it->is_boolean() && it->get<bool>();
+}
 const json& O(const json& j, const char* key) {
   static const json kEmpty = json::object();
   const auto it = j.find(key);
@@ -226,6 +230,10 @@ void PrintStatus(const json& r) {
   if (!S(b, "last_error").empty()) {
     std::printf("            last error %s ago: %s\n", Seconds(D(b, "last_error_age_s")).c_str(),
                 S(b, "last_error").c_str());
+  }
+  if (!S(b, "standby").empty()) {
+    std::printf("            standby %s (%s)\n", S(b, "standby").c_str(),
+                B(b, "standby_ready") ? "ready to take over" : "warming up");
   }
   if (S(b, "state") == "waiting") {
     std::printf("            next attempt in %s (back-off %s, %llu failures in a row)\n",

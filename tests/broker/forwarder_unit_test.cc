@@ -256,6 +256,28 @@ TEST_F(PublishWindowTest, ReaderIdleMovesTheWatermarkOnlyWhenNothingIsPending) {
   EXPECT_EQ(w.watermark(), (JournalPosition{5, 0})) << "never moves back";
 }
 
+// A channel that published before (a standby connection taking over, or
+// one swapped in): its delivery tags go on from its own count, and the
+// window must count with it, or an ack would confirm the wrong post.
+TEST_F(PublishWindowTest, ResetOntoAChannelThatPublishedBeforeCountsOnFromItsNextTag) {
+  PublishWindow w(Options(10, UnroutablePolicy::kDrop), Pos(0));
+  PublishN(&w, 0, 3);
+  w.OnAck(1, false, kT0);  // record 0; records 1 and 2 in flight
+  EXPECT_EQ(w.Reset(kT0, 21), 2u);
+  EXPECT_EQ(w.next_tag(), 21u);
+  PublishWindow::Due due;
+  ASSERT_TRUE(w.NextDue(kT0, &due));
+  EXPECT_EQ(due.id, Id(1));
+  EXPECT_EQ(w.OnRepublished(due.handle), 21u);
+  ASSERT_TRUE(w.NextDue(kT0, &due));
+  EXPECT_EQ(w.OnRepublished(due.handle), 22u);
+  // Tags below 21 were that channel's earlier posts: not ours to confirm.
+  EXPECT_EQ(w.OnAck(3, true, kT0).confirmed, 0u);
+  EXPECT_EQ(w.watermark(), Next(0));
+  EXPECT_EQ(w.OnAck(22, true, kT0).confirmed, 2u);
+  EXPECT_EQ(w.watermark(), Next(2));
+}
+
 TEST_F(PublishWindowTest, ResetPublishesAgainOnlyWhatWasNotConfirmedWithTagsFromOne) {
   PublishWindow w(Options(10, UnroutablePolicy::kDrop), Pos(0));
   PublishN(&w, 0, 5);

@@ -781,6 +781,38 @@ TEST_F(Ops, ReconnectEndsTheBackOffWait) {
             std::string::npos);
 }
 
+// broker_standby: with two brokers listed (here the same broker under two
+// names), a second connection is opened, warmed by one swap, and shown.
+TEST_F(Ops, TwoBrokersKeepAReadyStandbyConnectionThatStatusShows) {
+  ASSERT_TRUE(consumer_.DeclareBoundQueue(queue_, exchange_).ok());
+  const std::string first = broker_->url();
+  std::string second = first;
+  const size_t at = second.find("127.0.0.1");
+  ASSERT_NE(at, std::string::npos) << second;
+  second.replace(at, 9, "localhost");
+  StartDaemon(first + ", " + second);
+  Post(20);
+  const json j = WaitStatus([](const json& s) {
+    return s["posts"]["confirmed"] == 20 && s["broker"]["standby_ready"] == true;
+  });
+  // It swapped once to warm the standby: it publishes on the second now.
+  EXPECT_NE(j["broker"]["url"].get<std::string>().find("localhost"), std::string::npos)
+      << j.dump(2);
+  const std::string standby = j["broker"]["standby"];
+  EXPECT_NE(standby.find("127.0.0.1"), std::string::npos) << standby;
+  EXPECT_EQ(standby.find(":guest@"), std::string::npos) << "no password: " << standby;
+  std::string out;
+  EXPECT_EQ(Cli({"status"}, &out), 0) << out;
+  EXPECT_NE(out.find("standby " + standby + " (ready to take over)"), std::string::npos) << out;
+  ASSERT_EQ(Cli({"metrics"}, &out), 0) << out;
+  EXPECT_NE(out.find("\npostspool_broker_standby_connected 2\n"), std::string::npos) << out;
+  Post(5);
+  WaitStatus([](const json& s) { return s["posts"]["confirmed"] == 25; });
+  std::vector<ReceivedMessage> got;
+  ASSERT_TRUE(consumer_.GetAll(queue_, &got).ok());
+  EXPECT_EQ(got.size(), 25u);
+}
+
 TEST_F(Ops, ExitCodesForUsageErrorsAndAnUnreachableDaemon) {
   std::string out, err;
   EXPECT_EQ(RunProgram({cli_, "status", "--control-socket", "/nonexistent/control.sock"}, &out, &err), 3);
