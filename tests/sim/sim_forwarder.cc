@@ -166,7 +166,6 @@ SimForwarder::SimForwarder(const daemon::Config& config, Options options, SimNod
       node_(node),
       broker_(broker),
       commits_(commits),
-      usage_(usage),
       seed_(seed),
       on_publish_(std::move(on_publish)),
       storage_(storage),

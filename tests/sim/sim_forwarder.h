@@ -227,7 +227,6 @@ class SimForwarder final : private FakeBroker::Handler, private daemon::JournalF
   SimNode* node_;
   FakeBroker* broker_;
   SimCommits* commits_;
-  daemon::JournalUsage* usage_;
   uint64_t seed_;
   std::function<void(const fb::Post&)> on_publish_;
   daemon::Storage* storage_;
