@@ -302,9 +302,7 @@ void Forwarder::Run() {
                       std::to_string(window_->in_flight() + window_->waiting()) +
                       " posts wait";
         if (TakeOverStandby(why, t)) {
-          metrics_->broker_path_changes_total.fetch_add(1, std::memory_order_relaxed);
-          ++path_changes_;
-          last_path_change_ = last_error_;
+          CountPathChange(last_error_);
         } else {
           ChangePath(why + " (next step no sooner than in " + FormatSeconds(v.hold) + ")",
                      v.step == BrokerPath::Step::kNextBroker, t);
@@ -441,7 +439,7 @@ void Forwarder::Connect(Clock::time_point now) {
 }
 
 bool Forwarder::UseSession(std::unique_ptr<AmqpSession> session, size_t index, bool blocked,
-                           Clock::time_point now) {
+                           Clock::time_point now, const std::string* error) {
   {
     std::lock_guard lock(socket_mu_);
     if (aborted_) return false;  // stopping: drop the new session
@@ -456,7 +454,7 @@ bool Forwarder::UseSession(std::unique_ptr<AmqpSession> session, size_t index, b
   connected_at_ = now;
   confirms_this_connection_ = 0;
   warming_ = false;
-  SetConnectionState(blocked ? "blocked" : "connected", nullptr);
+  SetConnectionState(blocked ? "blocked" : "connected", error);
   path_.OnConnected(now);
   idle_at_limit_ = JournalPosition{};
   return true;
@@ -546,12 +544,10 @@ bool Forwarder::TakeOverStandby(const std::string& why, Clock::time_point now) {
   const bool blocked = standby_.blocked();
   std::unique_ptr<AmqpSession> next = standby_.Take(/*took_over=*/true, now);
   const size_t unconfirmed = window_->Reset(now, next->next_delivery_tag());
-  if (!UseSession(std::move(next), index, blocked, now)) return true;
+  const std::string error = from + ": " + why;
+  if (!UseSession(std::move(next), index, blocked, now, &error)) return true;
   metrics_->broker_standby_takeovers_total.fetch_add(1, std::memory_order_relaxed);
   metrics_->broker_standby_connected.store(0, std::memory_order_relaxed);
-  const std::string error = from + ": " + why;
-  last_error_ = error;
-  last_error_unix_ms_ = UnixMsNow();
   PS_LOG_WARNING("forwarder: broker %s %s; moved to the standby connection to %s at once "
                  "(%zu unconfirmed posts will be published again)",
                  from.c_str(), why.c_str(), brokers_[index].display.c_str(), unconfirmed);
@@ -598,9 +594,14 @@ void Forwarder::LoseConnection(const Status& why, Clock::time_point now) {
                  brokers_[broker_index_].display.c_str(), FormatSeconds(delay).c_str());
 }
 
+void Forwarder::CountPathChange(const std::string& what) {
+  metrics_->broker_path_changes_total.fetch_add(1, std::memory_order_relaxed);
+  ++path_changes_;
+  last_path_change_ = what;
+}
+
 void Forwarder::ChangePath(const std::string& why, bool next_broker, Clock::time_point now) {
   const std::string from = brokers_[broker_index_].display;
-  metrics_->broker_path_changes_total.fetch_add(1, std::memory_order_relaxed);
   metrics_->broker_connected.store(0, std::memory_order_relaxed);
   metrics_->publish_in_flight.store(0, std::memory_order_relaxed);
   CloseSession(/*polite=*/false);
@@ -609,9 +610,8 @@ void Forwarder::ChangePath(const std::string& why, bool next_broker, Clock::time
   blocked_ = false;
   if (next_broker) broker_index_ = (broker_index_ + 1) % brokers_.size();
   reconnect_at_ = now;
-  ++path_changes_;
   const std::string error = from + ": " + why;
-  last_path_change_ = error;
+  CountPathChange(error);
   SetConnectionState("connecting", &error);
   PS_LOG_WARNING("forwarder: broker %s %s; dropping the connection and connecting to %s now "
                  "(%zu unconfirmed posts will be published again; path change %" PRIu64 ")",

@@ -210,13 +210,16 @@ class Forwarder final : private AmqpSession::Handler, private JournalFeed::Event
   // Drops a connection that is up and connects at once, to the next broker
   // if `next_broker`; `why` is logged and shown in the status.
   void ChangePath(const std::string& why, bool next_broker, Clock::time_point now);
+  // A step for a broken path, `what` in words (metrics, status).
+  void CountPathChange(const std::string& what);
   void CloseSession(bool polite);
   void ScheduleReconnect(Clock::time_point now);
   AmqpSession::Options SessionOptions(const BrokerUrl& url) const;
   // Publishes on `session` (to broker `index`) from now on; false if the
   // forwarder is stopping (the session is dropped).
+  // `error`, if any, is shown as the last error (why it moved).
   bool UseSession(std::unique_ptr<AmqpSession> session, size_t index, bool blocked,
-                  Clock::time_point now);
+                  Clock::time_point now, const std::string* error = nullptr);
   // The standby connection (standby_session.h): opens it, keeps it alive,
   // warms it by swapping once nothing is in flight.
   void MaintainStandby(Clock::time_point now);

@@ -36,9 +36,8 @@ void JournalFeed::Start(JournalPosition start) {
   store_failing_ = false;
   checkpoint_faulted_ = false;
   if (Status s = Checkpoint::Open(dirfd_, start, &checkpoint_, storage_); !s.ok()) {
-    create_failing_ = true;
     checkpoint_faulted_ = true;
-    events_->OnCheckpointFailed(Events::CheckpointStep::kCreate, s);
+    CheckpointFailed(Events::CheckpointStep::kCreate, s);
   }
   written_ = start;
   stored_ = start;
@@ -152,8 +151,7 @@ void JournalFeed::WriteWatermark(JournalPosition watermark) {
   if (!checkpoint_ || w == written_) return;
   if (Status s = checkpoint_->Store(w); !s.ok()) {
     checkpoint_faulted_ = true;
-    if (!store_failing_) events_->OnCheckpointFailed(Events::CheckpointStep::kStore, s);
-    store_failing_ = true;
+    CheckpointFailed(Events::CheckpointStep::kStore, s);
     return;
   }
   checkpoint_faulted_ = false;
@@ -180,8 +178,7 @@ void JournalFeed::MaybeCheckpoint(JournalPosition w, Clock::time_point now, bool
       written_ = c;
     } else {
       checkpoint_faulted_ = true;
-      if (!create_failing_) events_->OnCheckpointFailed(Events::CheckpointStep::kCreate, s);
-      create_failing_ = true;
+      CheckpointFailed(Events::CheckpointStep::kCreate, s);
     }
   }
   if (checkpoint_ && c != stored_) {
@@ -192,8 +189,7 @@ void JournalFeed::MaybeCheckpoint(JournalPosition w, Clock::time_point now, bool
       store_failing_ = false;
       stored_ = c;
     } else {
-      if (!store_failing_) events_->OnCheckpointFailed(Events::CheckpointStep::kStore, s);
-      store_failing_ = true;
+      CheckpointFailed(Events::CheckpointStep::kStore, s);
     }
   }
   // Deleting does not wait for the checkpoint (journal.h): on a full disk
@@ -209,6 +205,12 @@ void JournalFeed::MaybeCheckpoint(JournalPosition w, Clock::time_point now, bool
     cleaned_at_ = w;
   }
   if (deleted > 0) events_->OnDeleted(deleted, w);
+}
+
+void JournalFeed::CheckpointFailed(Events::CheckpointStep step, const Status& why) {
+  bool& failing = step == Events::CheckpointStep::kCreate ? create_failing_ : store_failing_;
+  if (!failing) events_->OnCheckpointFailed(step, why);
+  failing = true;
 }
 
 void JournalFeed::SetAsideDamaged(JournalPosition w) {

@@ -151,6 +151,8 @@ class JournalFeed {
   void ReportDamaged(JournalPosition at, const Status& why);
   void AccountSkipped(JournalPosition before);
   void SetAsideDamaged(JournalPosition w);
+  // Tells the first failure of a run of them (create_failing_, store_failing_).
+  void CheckpointFailed(Events::CheckpointStep step, const Status& why);
   static bool Permanent(const Status& s) {
     return s.code() == StatusCode::kCorruption || s.code() == StatusCode::kUnsupported;
   }

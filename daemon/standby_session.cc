@@ -10,8 +10,7 @@ Status StandbySession::Open(const BrokerUrl& url, size_t index,
   assert(!session_);
   std::unique_ptr<AmqpSession> session;
   if (Status s = AmqpSession::Open(url, options, &session); !s.ok()) {
-    open_at_ = Clock::now() + retry_;
-    retry_ = std::min(retry_ * 2, kRetryMax);
+    WaitBeforeOpen(Clock::now());  // the connect took time
     return s;
   }
   session_ = std::move(session);
@@ -62,6 +61,10 @@ void StandbySession::Drop(Clock::time_point now) {
   session_.reset();
   warm_ = false;
   next_tick_ = Clock::time_point::max();
+  WaitBeforeOpen(now);
+}
+
+void StandbySession::WaitBeforeOpen(Clock::time_point now) {
   open_at_ = now + retry_;
   retry_ = std::min(retry_ * 2, kRetryMax);
 }

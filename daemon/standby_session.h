@@ -91,6 +91,8 @@ class StandbySession final : private AmqpSession::Handler {
   void OnBlocked(std::string_view) override { blocked_ = true; }
   void OnUnblocked() override { blocked_ = false; }
   void ScheduleTick(Clock::time_point now);
+  // The next Open is due after the current wait, which then doubles.
+  void WaitBeforeOpen(Clock::time_point now);
 
   std::unique_ptr<AmqpSession> session_;
   size_t index_ = 0;
