@@ -267,8 +267,8 @@ class Suite:
         self.sz = {
             "smoke": dict(reps=1, posts1=300, posts8=100, posts64=10, pingpong=2000,
                           ceiling=2000, warmup=500, short=10, e2e_posts=300, outage_posts=200,
-                          backlog=2000, conn_posts=3, retry_posts=200, syscall_posts=200,
-                          drain=2000, spawn=10, ring_posts=2000),
+                          backlog=10000, conn_posts=3, retry_posts=200, syscall_posts=200,
+                          drain=10000, spawn=10, ring_posts=2000),
             "quick": dict(reps=3, posts1=5000, posts8=2000, posts64=200, pingpong=10000,
                           ceiling=20000, warmup=5000, short=100, e2e_posts=2500,
                           outage_posts=3000, backlog=100000, conn_posts=25, retry_posts=2000,
@@ -657,16 +657,18 @@ class Suite:
             t_up = time.monotonic()
             series = []
             first = None
+            c_first = 0
             done = None
+            c_done = 0
             last_status = 0
             while time.monotonic() - t_up < self.a.drain_timeout_s:
                 c = d.metrics().get("confirmed_total", 0)
                 now = time.monotonic() - t_up
                 series.append((round(now, 2), c))
                 if c > 0 and first is None:
-                    first = now
+                    first, c_first = now, c
                 if c >= target:
-                    done = now
+                    done, c_done = now, c
                     break
                 if now - last_status > 5:
                     last_status = now
@@ -686,8 +688,12 @@ class Suite:
                 out["daemon_rss_peak_mib"] = (d.status_kib("VmHWM") or 0) / 1024
             out["first_confirmed_after_return_s"] = first
             out["drained_s"] = done
-            out["drain_posts_per_s"] = (target / (done - first)) if done and first is not None \
-                and done > first else None
+            # The posts confirmed between the first sample that saw a confirm
+            # and the one that saw them all, over the time between the two:
+            # the metrics file is written every 100 ms, so a drain needs a
+            # few intervals (the sizes see to that) to be measured at all.
+            out["drain_posts_per_s"] = ((c_done - c_first) / (done - first)) \
+                if done and first is not None and done > first else None
             out["series"] = series
         finally:
             d.stop()
