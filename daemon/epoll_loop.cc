@@ -66,18 +66,7 @@ class EpollLoop final : public IoLoop {
 
   void SubmitWrite(int fd, const std::byte* data, size_t bytes, uint64_t offset,
                    uint64_t cookie) override {
-    size_t done = 0;
-    int64_t result = 0;
-    while (done < bytes) {
-      const ssize_t n = ::pwrite(fd, data + done, bytes - done, static_cast<off_t>(offset + done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        result = n < 0 ? -errno : -ENOSPC;
-        break;
-      }
-      done += static_cast<size_t>(n);
-    }
-    done_.push_back({cookie, result < 0 ? result : static_cast<int64_t>(done)});
+    done_.push_back({cookie, WriteWholeAt(fd, data, bytes, offset)});
   }
 
   void SubmitSync(int fd, uint64_t cookie) override {

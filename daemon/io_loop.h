@@ -1,8 +1,8 @@
 // The ingest loop's I/O interface. The ingest logic (Ingest, ingest.h) is
 // written against it and makes no system call of its own; two backends
 // implement it: io_uring (UringLoop: multishot
-// accept and recv with a provided-buffer ring, writes and syncs submitted
-// through the ring) and epoll (EpollLoop: the same events from readiness and
+// accept and recv with a provided-buffer ring, syncs submitted through the
+// ring, journal writes inline) and epoll (EpollLoop: the same events from readiness and
 // plain system calls), for kernels or sandboxes without io_uring.
 //
 // Single-threaded: every call and every callback happens on the loop's

@@ -1,6 +1,7 @@
 #include "socket_ops.h"
 
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -25,6 +26,18 @@ bool SendPacket(int fd, std::span<const std::byte> packet) {
     n = ::send(fd, packet.data(), packet.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
   } while (n < 0 && errno == EINTR);
   return n == static_cast<ssize_t>(packet.size());
+}
+
+int64_t WriteWholeAt(int fd, const std::byte* data, size_t bytes, uint64_t offset) {
+  size_t done = 0;
+  while (done < bytes) {
+    const ssize_t n = ::pwrite(fd, data + done, bytes - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return -errno;
+    if (n == 0) return -ENOSPC;
+    done += static_cast<size_t>(n);
+  }
+  return static_cast<int64_t>(done);
 }
 
 void AcceptPause::Failed(int error, Clock::time_point now) {

@@ -1,10 +1,11 @@
-// The small socket operations both IoLoop backends share: reading the peer's
+// The small system calls both IoLoop backends share: reading the peer's
 // credentials of an accepted connection, sending a packet without waiting,
-// and pausing accept after an error such as EMFILE.
+// writing a journal batch, and pausing accept after an error such as EMFILE.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 
 #include "io_loop.h"
@@ -17,6 +18,11 @@ bool ReadPeerCred(int fd, PeerCred* out);
 // sendmsg(MSG_DONTWAIT | MSG_NOSIGNAL), EINTR retried, passing `pass_fd`
 // (SCM_RIGHTS) unless it is -1; true if all was sent.
 bool SendPacket(int fd, std::span<const std::byte> packet);
+
+// pwrite until all of `bytes` is written at `offset`, EINTR retried: the
+// byte count, or -errno (-ENOSPC for a write that makes no progress), as
+// IoCallbacks::OnIoDone reports a write.
+int64_t WriteWholeAt(int fd, const std::byte* data, size_t bytes, uint64_t offset);
 
 // accept() failing with EMFILE, ENFILE, ENOBUFS or ENOMEM fails again at once
 // until something changes: re-arming at once spins a core and floods the
