@@ -257,6 +257,8 @@ Status RealRings::AttachRing(uid_t uid, key_t key, int shm_id) {
     std::lock_guard lock(doorbells_mu_);
     doorbells_.push_back(reinterpret_cast<uint32_t*>(e.ring.base() + ring::kOffDoorbell));
   }
+  // A thread waiting on the doorbells it had: it waits on this one too.
+  Futex(reinterpret_cast<uint32_t*>(&state_), FUTEX_WAKE_PRIVATE, 1);
   metrics_->rings.store(entries_.size(), std::memory_order_relaxed);
   return Status::Ok();
 }
@@ -356,14 +358,17 @@ void RealRings::DrainWakeFd() {
 
 void RealRings::Sleep() {
   if (!thread_.joinable()) return;
+  // Against the thread's parked_ = 1, then state_ load (both seq_cst):
+  // either it sees the 1 and does not wait, or this sees it parked.
   state_.store(1, std::memory_order_seq_cst);
-  Futex(reinterpret_cast<uint32_t*>(&state_), FUTEX_WAKE_PRIVATE, 1);
+  if (parked_.load(std::memory_order_seq_cst) != 0) {
+    Futex(reinterpret_cast<uint32_t*>(&state_), FUTEX_WAKE_PRIVATE, 1);
+  }
 }
 
 void RealRings::Awake() {
   if (state_.load(std::memory_order_relaxed) == 0) return;
   state_.store(0, std::memory_order_seq_cst);
-  Futex(reinterpret_cast<uint32_t*>(&state_), FUTEX_WAKE_PRIVATE, 1);
 }
 
 void RealRings::WakeLoop() {
@@ -392,7 +397,9 @@ void RealRings::DoorbellThread() {
     const uint32_t s = state_.load();
     if (s == kStateStop) return;
     if (s != 1) {
-      Futex(state, FUTEX_WAIT_PRIVATE, s);
+      parked_.store(1, std::memory_order_seq_cst);
+      if (state_.load(std::memory_order_seq_cst) == s) Futex(state, FUTEX_WAIT_PRIVATE, s);
+      parked_.store(0, std::memory_order_relaxed);
       continue;
     }
     const auto now = SteadyClock::now();
@@ -455,6 +462,10 @@ void RealRings::DoorbellThread() {
       WakeLoop();
       continue;
     }
+    // EAGAIN because the loop woke before the wait began: it reads every
+    // lane anyway, and nothing rang (its doorbells read 0 now, which must
+    // not count as rings: that would mute them).
+    if (err == EAGAIN && state_.load() != 1) continue;
     // Which doorbells rang: the one that woke us, or (EAGAIN: a word was
     // not 1 when we began) every one that is not 1 now.
     const auto woke = SteadyClock::now();

@@ -88,8 +88,17 @@ class RealRings final : public RingPort {
   // state_), 1 = the loop sleeps (the thread waits on every doorbell and
   // on state_), 2 = the thread woke the loop and waits for it to say so.
   // 3: the daemon stops (set by the destructor only).
+  //
+  // Only a loop that goes to sleep while the thread waits on state_ alone
+  // wakes it (parked_ says when): the loop waking up does not, nor does a
+  // sleep while the thread still waits on the doorbells from an earlier
+  // one. A thread left waiting on the doorbells of a loop that is awake is
+  // harmless: a ring wakes it, and its wake of the loop finds state_ not 1
+  // and does nothing. Each of the loop's rounds used to wake the thread
+  // twice (two futex calls and two thread switches per socket post).
   static constexpr uint32_t kStateStop = 3;
   std::atomic<uint32_t> state_{0};
+  std::atomic<uint32_t> parked_{0};  // 1: the thread waits on state_ alone
   std::mutex doorbells_mu_;
   std::vector<uint32_t*> doorbells_;  // guarded by doorbells_mu_
   std::thread thread_;
