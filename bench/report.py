@@ -80,6 +80,23 @@ def markdown(r):
                 d, f(s.get("syscalls_per_post")), f(s.get("context_switches_per_post"), 2),
                 f(s.get("task_clock_us_per_post")), top))
         out.append("")
+    pr = fig.get("profile", {})
+    if pr.get("top"):
+        out.append("### Where the daemon's CPU goes: 8 socket clients, %s posts (%s)"
+                   % (f(pr.get("posts")), pr.get("tool")))
+        out.append("")
+        out.append("Daemon CPU per post (all threads, from the samples): %s µs. Threads: "
+                   % f(pr.get("cpu_us_per_post"))
+                   + ", ".join("%s %.1f%%" % (t[1].strip(), t[0]) for t in pr["threads"]))
+        out.append("")
+        out.append("| self % | thread | object | symbol |")
+        out.append("|---|---|---|---|")
+        for row in pr["top"]:
+            sym = row[-1].replace("|", "\\|")
+            if len(sym) > 90:
+                sym = sym[:87] + "..."
+            out.append("| %.2f | %s | %s | `%s` |" % (row[0], row[1], row[2], sym))
+        out.append("")
     sl = fig.get("short_lived", {})
     if "median" in sl:
         med = sl["median"]

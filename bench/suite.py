@@ -17,6 +17,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import socket
@@ -268,15 +269,17 @@ class Suite:
             "smoke": dict(reps=1, posts1=300, posts8=100, posts64=10, pingpong=2000,
                           ceiling=2000, warmup=500, short=10, e2e_posts=300, outage_posts=200,
                           backlog=10000, conn_posts=3, retry_posts=200, syscall_posts=200,
-                          drain=10000, spawn=10, ring_posts=2000),
+                          drain=10000, spawn=10, ring_posts=2000, profile_posts=100),
             "quick": dict(reps=3, posts1=5000, posts8=2000, posts64=200, pingpong=10000,
                           ceiling=20000, warmup=5000, short=100, e2e_posts=2500,
                           outage_posts=3000, backlog=100000, conn_posts=25, retry_posts=2000,
-                          syscall_posts=2000, drain=100000, spawn=100, ring_posts=50000),
+                          syscall_posts=2000, drain=100000, spawn=100, ring_posts=50000,
+                          profile_posts=5000),
             "full": dict(reps=3, posts1=20000, posts8=5000, posts64=500, pingpong=20000,
                          ceiling=50000, warmup=5000, short=300, e2e_posts=5000,
                          outage_posts=5000, backlog=1000000, conn_posts=50, retry_posts=5000,
-                         syscall_posts=5000, drain=100000, spawn=100, ring_posts=200000),
+                         syscall_posts=5000, drain=100000, spawn=100, ring_posts=200000,
+                         profile_posts=20000),
         }[q]
         if args.backlog is not None:
             self.sz["backlog"] = args.backlog
@@ -415,6 +418,54 @@ class Suite:
             finally:
                 d.stop()
         self.fig["latency"] = out
+
+    def fig_profile(self):
+        """Where the daemon's CPU goes at 8 socket clients: `perf record -g`
+        on its pid (every thread, forwarding included, at accepted
+        durability) while 8 processes post, then the symbols with the most
+        self time and each thread's share. Only with --only profile (perf
+        must be allowed to sample the daemon: root, or perf_event_paranoid
+        at most 1)."""
+        d = self.new_daemon("accepted")
+        try:
+            data = d.root + "/perf.data"
+            perf = subprocess.Popen(["perf", "record", "-q", "-g", "-F", "2999", "-o", data,
+                                     "-p", str(d.pid)],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(0.5)
+            before = d.metrics().get("confirmed_total", 0)
+            r = self.fleet(d, "socket", 8, self.sz["profile_posts"])
+            d.wait_confirmed(before + r.get("ok", 0), 120)
+            perf.send_signal(signal.SIGINT)
+            perf.wait()
+            out = {"posts": r.get("ok", 0), "via_spool": r.get("via_spool"),
+                   "tool": "perf record -g -F 2999 -p <postspoold>; perf report --no-children"}
+
+            def report(sort):
+                p = subprocess.run(["perf", "report", "-i", data, "--stdio", "--no-children",
+                                    "-g", "none", "--percent-limit", "0.3", "--sort", sort],
+                                   capture_output=True, text=True)
+                rows = []
+                for line in p.stdout.splitlines():
+                    parts = line.split(None, 1)
+                    if len(parts) == 2 and parts[0].endswith("%") and not line.startswith("#"):
+                        rows.append([float(parts[0][:-1])] + parts[1].split(None, len(
+                            sort.split(",")) - 1 + (1 if "sym" in sort else 0)))
+                return rows
+
+            # cpu-clock samples: the event count is the daemon's CPU time in ns.
+            hdr = subprocess.run(["perf", "report", "-i", data, "--stdio", "--sort", "comm"],
+                                 capture_output=True, text=True).stdout
+            m = re.search(r"Event count \(approx\.\): (\d+)", hdr)
+            out["cpu_us_per_post"] = int(m.group(1)) / 1e3 / out["posts"] \
+                if m and out["posts"] else None
+            out["threads"] = report("comm")
+            out["top"] = report("comm,dso,sym")[:20]
+            # Kept beside the results, for `perf report -i` with call graphs.
+            shutil.copy(data, os.path.join(self.a.out, "perf.data"))
+            self.fig["profile"] = out
+        finally:
+            d.stop()
 
     def fig_syscalls(self):
         """Syscalls and context switches of the daemon per post (perf stat on
@@ -857,11 +908,14 @@ class Suite:
         try:
             self.broker.reset()
             steps = [self.fig_ceiling, self.fig_cost, self.fig_latency, self.fig_syscalls, self.fig_short_lived,
-                     self.fig_end_to_end, self.fig_outage, self.fig_backlog, self.fig_baselines]
+                     self.fig_end_to_end, self.fig_outage, self.fig_backlog, self.fig_baselines,
+                     self.fig_profile]
             for step in steps:
                 name = step.__name__[4:]
                 if self.a.only and name not in self.a.only.split(","):
                     continue
+                if name == "profile" and not self.a.only:
+                    continue  # perf record: only when asked for
                 try:
                     step()
                 except Exception as e:  # a figure that failed is reported, the rest still run
