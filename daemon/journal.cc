@@ -122,6 +122,14 @@ class StorageSource final : public segment::Source {
     return Status::Ok();
   }
   uint64_t size() const override { return size_; }
+  bool Grow(uint64_t size_max) override {
+    FileInfo info;
+    if (!storage_->Stat(fd_, &info).ok()) return false;
+    const uint64_t size = std::min(info.size, size_max);
+    if (size < size_) return false;
+    size_ = size;
+    return true;
+  }
   Status ReadAt(uint64_t offset, std::span<std::byte> out, size_t* got) override {
     *got = 0;
     if (offset >= size_) return Status::Ok();
@@ -423,6 +431,13 @@ Status JournalReader::Next(JournalPosition limit, Entry* entry, bool* got) {
       continue;
     }
     const uint64_t want_limit = pos_.segment_seq == limit.segment_seq ? limit.offset : UINT64_MAX;
+    if (reader_ && open_seq_ == pos_.segment_seq && want_limit > opened_limit_ &&
+        source_->Grow(want_limit) && reader_->Grow()) {
+      // More of the segment was committed: read on with the same reader.
+      // Opening a new one for every commit cost an fstat, a header read
+      // and a 256 KiB window, zeroed and faulted in, per reader and commit.
+      opened_limit_ = want_limit;
+    }
     if (!reader_ || open_seq_ != pos_.segment_seq || opened_limit_ != want_limit) {
       Status s = OpenSegment(pos_.segment_seq, pos_.offset, limit);
       if (s.code() == StatusCode::kNotFound) {

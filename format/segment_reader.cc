@@ -17,6 +17,15 @@ Status FileSource::Open(int fd, std::unique_ptr<FileSource>* out, uint64_t size_
   return Status::Ok();
 }
 
+bool FileSource::Grow(uint64_t size_max) {
+  struct stat st;
+  if (::fstat(fd_, &st) != 0) return false;
+  const uint64_t size = std::min(static_cast<uint64_t>(st.st_size), size_max);
+  if (size < size_) return false;
+  size_ = size;
+  return true;
+}
+
 Status FileSource::ReadAt(uint64_t offset, std::span<std::byte> out, size_t* got) {
   size_t done = 0;
   while (done < out.size()) {
@@ -92,7 +101,20 @@ SegmentReader::SegmentReader(Source* source, ReaderOptions options, Header heade
       // Four largest records: a refill is needed only every few hundred KiB
       // while scanning.
       window_(4 * RecordBytes(options_.payload_max)) {
-  if (options_.scan_bytes_max == 0) options_.scan_bytes_max = 2 * size_ + (64u << 20);
+  if (options_.scan_bytes_max == 0) {
+    scan_budget_from_size_ = true;
+    options_.scan_bytes_max = 2 * size_ + (64u << 20);
+  }
+}
+
+bool SegmentReader::Grow() {
+  if (resyncing_ || torn_tail_bytes_ != 0 || source_shrank_ || !io_status_.ok()) return false;
+  const uint64_t size = source_->size();
+  if (size < size_) return false;
+  size_ = size;
+  done_ = false;
+  if (scan_budget_from_size_) options_.scan_bytes_max = 2 * size_ + (64u << 20);
+  return true;
 }
 
 Status SegmentReader::Fetch(uint64_t offset, size_t n, std::span<const std::byte>* out) {

@@ -33,6 +33,13 @@ class Source {
   virtual uint64_t size() const = 0;
   // Reads up to out.size() bytes at `offset`; *got is smaller only at the end.
   virtual Status ReadAt(uint64_t offset, std::span<std::byte> out, size_t* got) = 0;
+  // Takes a new snapshot of the size, capped at `size_max`, for a segment
+  // that is still written to: true if size() is now that snapshot, false
+  // (and size() unchanged) where the source cannot grow or would shrink.
+  virtual bool Grow(uint64_t size_max) {
+    (void)size_max;
+    return false;
+  }
 };
 
 // Reads a file through pread. The descriptor is borrowed and must remain open
@@ -43,6 +50,7 @@ class FileSource final : public Source {
   static Status Open(int fd, std::unique_ptr<FileSource>* out, uint64_t size_max = UINT64_MAX);
   uint64_t size() const override { return size_; }
   Status ReadAt(uint64_t offset, std::span<std::byte> out, size_t* got) override;
+  bool Grow(uint64_t size_max) override;
 
  private:
   FileSource(int fd, uint64_t size) : fd_(fd), size_(size) {}
@@ -119,6 +127,13 @@ class SegmentReader {
   // kYield (step_bytes_max reached; call again).
   Result Next(Record* record);
 
+  // The source grew (Source::Grow): reading goes on up to its new size
+  // instead of ending at the old one, as a reader opened on the grown
+  // source at this reader's position would. Only where the old size ended
+  // cleanly (no torn tail, no resynchronisation in progress); false
+  // otherwise, and the caller opens a new reader.
+  bool Grow();
+
   const Header& header() const { return header_; }
   const Status& io_status() const { return io_status_; }
   // Offset just past the last valid record read so far.
@@ -149,6 +164,7 @@ class SegmentReader {
 
   Source* source_;
   ReaderOptions options_;
+  bool scan_budget_from_size_ = false;  // scan_bytes_max was 0: it follows size_
   Header header_;
   uint64_t size_;
   uint64_t pos_;

@@ -50,6 +50,77 @@ TEST(SegmentReader, ReadsEveryRecordInOrderWithItsPosition) {
   EXPECT_EQ(reader->skipped_bytes(), 0u);
 }
 
+// A segment still being written: the reader sees `visible` bytes of it.
+class GrowingSource final : public Source {
+ public:
+  explicit GrowingSource(std::span<const std::byte> bytes, uint64_t visible)
+      : bytes_(bytes), visible_(visible) {}
+  uint64_t size() const override { return visible_; }
+  Status ReadAt(uint64_t offset, std::span<std::byte> out, size_t* got) override {
+    ++reads_;
+    return MemorySource(std::span(bytes_).first(visible_)).ReadAt(offset, out, got);
+  }
+  bool Grow(uint64_t size_max) override {
+    const uint64_t size = std::min<uint64_t>(bytes_.size(), size_max);
+    if (size < visible_) return false;
+    visible_ = size;
+    return true;
+  }
+  int reads_ = 0;
+
+ private:
+  std::span<const std::byte> bytes_;
+  uint64_t visible_;
+};
+
+TEST(SegmentReader, GrowReadsOnFromACleanEndWithTheSameReader) {
+  const auto posts = Posts(40);
+  std::vector<uint64_t> offsets;
+  const auto bytes = SegmentBytes(posts, &offsets);
+  offsets.push_back(bytes.size());
+  GrowingSource source(bytes, offsets[1]);  // the first record committed
+  ReaderOptions options;
+  options.verify_payload = VerifyPostPayload;
+  std::unique_ptr<SegmentReader> reader;
+  ASSERT_TRUE(SegmentReader::Open(&source, options, &reader).ok());
+  Record rec;
+  size_t next = 0;
+  // Commits of 1, 2, 3... records: each read to its end, then grown.
+  for (size_t commit = 1, end = 1; next < posts.size(); end = std::min(posts.size(), end + ++commit)) {
+    ASSERT_TRUE(source.Grow(offsets[end]));
+    ASSERT_TRUE(reader->Grow());
+    while (reader->Next(&rec) == SegmentReader::Result::kRecord) {
+      ASSERT_LT(next, posts.size());
+      EXPECT_EQ(rec.position.offset, offsets[next]);
+      EXPECT_EQ(ReadPost(PostFromPayload(rec.payload)), posts[next]);
+      ++next;
+    }
+    EXPECT_EQ(next, end);
+    EXPECT_EQ(reader->torn_tail_bytes(), 0u);
+  }
+  EXPECT_EQ(next, posts.size());
+  EXPECT_EQ(reader->skipped_bytes(), 0u);
+}
+
+TEST(SegmentReader, GrowIsRefusedAfterATornTailSoThatTheCallerReadsAgainFromScratch) {
+  const auto posts = Posts(3);
+  std::vector<uint64_t> offsets;
+  const auto bytes = SegmentBytes(posts, &offsets);
+  // Visible up to the middle of the second record: a torn tail, which a
+  // grown reader must not take for the end of data.
+  GrowingSource source(bytes, offsets[1] + 10);
+  ReaderOptions options;
+  options.verify_payload = VerifyPostPayload;
+  std::unique_ptr<SegmentReader> reader;
+  ASSERT_TRUE(SegmentReader::Open(&source, options, &reader).ok());
+  Record rec;
+  ASSERT_EQ(reader->Next(&rec), SegmentReader::Result::kRecord);
+  ASSERT_EQ(reader->Next(&rec), SegmentReader::Result::kEnd);
+  ASSERT_EQ(reader->torn_tail_bytes(), 10u);
+  ASSERT_TRUE(source.Grow(bytes.size()));
+  EXPECT_FALSE(reader->Grow());
+}
+
 TEST(SegmentReader, SegmentWithOnlyAHeaderHasNoRecords) {
   const auto bytes = SegmentBytes({});
   const auto r = ReadAll(bytes);

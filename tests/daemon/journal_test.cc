@@ -91,6 +91,37 @@ TEST(Journal, ReaderStopsAtTheCommittedEndAndGoesOnWhenItMoves) {
   EXPECT_EQ(ReadSeqs(&r, limit2), (std::vector<uint64_t>{}));
 }
 
+TEST(JournalReader, CommitByCommitItReadsOnWithOneSourcePerSegment) {
+  // The forwarder reads up to the committed end after every commit: the
+  // reader grows its source instead of opening the segment again (an
+  // fstat, a header read and a 256 KiB window per reader and commit).
+  TempDir dir;
+  JournalUsage usage;
+  std::unique_ptr<JournalWriter> w;
+  ASSERT_TRUE(JournalWriter::Open({dir.path(), 1 << 20}, &usage, &w).ok());
+  int opened = 0;
+  JournalReader r(dir.fd());
+  r.set_source_factory([&opened](int fd, uint64_t, uint64_t size_max,
+                                 std::unique_ptr<segment::Source>* out) {
+    ++opened;
+    std::unique_ptr<segment::FileSource> file;
+    if (Status s = segment::FileSource::Open(fd, &file, size_max); !s.ok()) return s;
+    *out = std::move(file);
+    return Status::Ok();
+  });
+  std::vector<uint64_t> want, read;
+  for (uint64_t i = 0; i < 2000; ++i) {  // ~2000 * 800 B: two 1 MiB segments at least
+    ASSERT_TRUE(w->Append(Framed(NumberedPost(1, i, 800)), false, nullptr).ok());
+    want.push_back(i);
+    for (uint64_t id : ReadSeqs(&r, w->end())) read.push_back(id);
+  }
+  EXPECT_EQ(read, want);
+  std::vector<uint64_t> seqs;
+  ASSERT_TRUE(ListJournalSegments(dir.fd(), &seqs).ok());
+  ASSERT_GE(seqs.size(), 2u);
+  EXPECT_EQ(opened, static_cast<int>(seqs.size()));
+}
+
 TEST(Journal, ReopeningStartsANewSegmentAndKeepsTheOldRecords) {
   TempDir dir;
   JournalUsage usage;
