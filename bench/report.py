@@ -82,8 +82,9 @@ def markdown(r):
         out.append("")
     pr = fig.get("profile", {})
     if pr.get("top"):
-        out.append("### Where the daemon's CPU goes: 8 socket clients, %s posts (%s)"
-                   % (f(pr.get("posts")), pr.get("tool")))
+        out.append("### Where the daemon's CPU goes: %s socket client(s)%s, %s posts (%s)"
+                   % (pr.get("processes", 8), ", all on CPU 0" if pr.get("one_cpu") else "",
+                      f(pr.get("posts")), pr.get("tool")))
         out.append("")
         out.append("Daemon CPU per post (all threads, from the samples): %s µs. Threads: "
                    % f(pr.get("cpu_us_per_post"))

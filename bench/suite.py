@@ -427,18 +427,23 @@ class Suite:
         must be allowed to sample the daemon: root, or perf_event_paranoid
         at most 1)."""
         d = self.new_daemon("accepted")
+        procs = self.a.profile_processes
+        cpu = 0 if self.a.profile_one_cpu else -1
         try:
+            if self.a.profile_one_cpu:
+                d.pin("0")
             data = d.root + "/perf.data"
             perf = subprocess.Popen(["perf", "record", "-q", "-g", "-F", "2999", "-o", data,
                                      "-p", str(d.pid)],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(0.5)
             before = d.metrics().get("confirmed_total", 0)
-            r = self.fleet(d, "socket", 8, self.sz["profile_posts"])
+            r = self.fleet(d, "socket", procs, self.sz["profile_posts"] * 8 // procs, cpu=cpu)
             d.wait_confirmed(before + r.get("ok", 0), 120)
             perf.send_signal(signal.SIGINT)
             perf.wait()
             out = {"posts": r.get("ok", 0), "via_spool": r.get("via_spool"),
+                   "processes": procs, "one_cpu": self.a.profile_one_cpu,
                    "tool": "perf record -g -F 2999 -p <postspoold>; perf report --no-children"}
 
             def report(sort):
@@ -980,6 +985,10 @@ def main():
     ap.add_argument("--request-bytes", type=int, default=400)
     ap.add_argument("--reply-bytes", type=int, default=32)
     ap.add_argument("--only", default="", help="comma list of figures to run")
+    ap.add_argument("--profile-processes", type=int, default=8,
+                    help="posting processes in the profile figure")
+    ap.add_argument("--profile-one-cpu", action="store_true",
+                    help="profile with the daemon and the posting processes on CPU 0")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     if not a.ring_bench:
