@@ -191,6 +191,8 @@ void CommitChannel::Publish(JournalPosition end) {
     std::lock_guard lock(mu_);
     if (end <= end_) return;
     end_ = end;
+    if (signalled_) return;  // the forwarder has not drained the last one yet
+    signalled_ = true;
   }
   const uint64_t one = 1;
   [[maybe_unused]] ssize_t n = ::write(event_fd_.get(), &one, sizeof one);
@@ -202,8 +204,12 @@ JournalPosition CommitChannel::committed() const {
 }
 
 void CommitChannel::Drain() {
+  // Read, then clear: a Publish in between finds signalled_ set and does
+  // not write, but its end is in end_ before the caller reads committed().
   uint64_t v;
   [[maybe_unused]] ssize_t n = ::read(event_fd_.get(), &v, sizeof v);
+  std::lock_guard lock(mu_);
+  signalled_ = false;
 }
 
 JournalWriter::JournalWriter(Options options, StorageFd dirfd, JournalUsage* usage,

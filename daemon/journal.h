@@ -67,19 +67,22 @@ struct JournalUsage {
 
 // The committed end of the journal, published by the ingest loop after a
 // write (and, at durability `synced`, its fdatasync) completed; the
-// forwarder reads up to it. Wakes the forwarder through an eventfd.
+// forwarder reads up to it. Wakes the forwarder through an eventfd, written
+// once until the forwarder drains it (not once per commit).
 class CommitChannel {
  public:
   CommitChannel();
   void Publish(JournalPosition end);
   JournalPosition committed() const;
-  // Readable when something was published since the last Drain().
+  // Readable when something was published since the last Drain(). Drain,
+  // then read committed(): a commit after the Drain makes it readable.
   int event_fd() const { return event_fd_.get(); }
   void Drain();
 
  private:
   mutable std::mutex mu_;
   JournalPosition end_;
+  bool signalled_ = false;  // the eventfd was written since the last Drain
   UniqueFd event_fd_;
 };
 
