@@ -37,6 +37,13 @@ constexpr auto kPeekInterval = milliseconds(500);
 constexpr auto kConnectErrorLogInterval = std::chrono::seconds(60);
 // While posts wait for the broker, the path is judged at least this often.
 constexpr auto kPathCheckInterval = milliseconds(200);
+// After a round that published new posts without filling its batch, new
+// commits wake the forwarder no sooner than this: while posts come one by
+// one (one client posting in a loop), each round would otherwise publish
+// one, and cost a wake-up, a write to the broker and a confirm to read per
+// post. A post that comes after a pause is published at once; one in a
+// stream waits at most this long.
+constexpr auto kRoundGap = std::chrono::microseconds(500);
 // How long shutdown spends counting what is left unconfirmed.
 constexpr auto kStopCountBudget = milliseconds(1000);
 // The connect timeout of a standby connection (it blocks the forwarder).
@@ -659,7 +666,10 @@ bool Forwarder::Pump(Clock::time_point now) {
         LoseConnection(s, now);
         return false;
       }
-      if (published) --budget;
+      if (published) {
+        --budget;
+        last_new_round_ = now;
+      }
     }
     more = budget == 0;
   }
@@ -792,17 +802,26 @@ void Forwarder::Wait(Clock::time_point now, bool busy) {
       if (window_->CanRepublish()) earlier(window_->next_retry_at());
       // Posts wait: look at the path again soon (broker_path.h).
       if (window_->in_flight() + window_->waiting() > 0) earlier(now + kPathCheckInterval);
-      // New commits matter only when there is room to publish them.
-      if (window_->CanPublishNew()) fds[n++] = pollfd{commits_->event_fd(), POLLIN, 0};
+      // New commits matter only when there is room to publish them, and
+      // no sooner than kRoundGap after the last round that published some.
+      if (window_->CanPublishNew()) {
+        if (now < last_new_round_ + kRoundGap) {
+          earlier(last_new_round_ + kRoundGap);
+        } else {
+          fds[n++] = pollfd{commits_->event_fd(), POLLIN, 0};
+        }
+      }
     }
   }
-  int timeout_ms = 0;
+  timespec timeout{0, 0};
   if (!busy) {
-    const auto wait = std::chrono::duration_cast<milliseconds>(until - now);
-    // Round up: waking a little early would only spin.
-    timeout_ms = wait.count() <= 0 ? 0 : static_cast<int>(wait.count()) + 1;
+    const auto wait = std::chrono::duration_cast<std::chrono::nanoseconds>(until - now);
+    if (wait.count() > 0) {
+      timeout.tv_sec = static_cast<time_t>(wait.count() / 1000000000);
+      timeout.tv_nsec = static_cast<long>(wait.count() % 1000000000);
+    }
   }
-  const int ready = ::poll(fds, n, timeout_ms);
+  const int ready = ::ppoll(fds, n, &timeout, nullptr);
   if (ready > 0 && (fds[0].revents & POLLIN) != 0) {
     uint64_t v;
     [[maybe_unused]] ssize_t r = ::read(wake_fd_.get(), &v, sizeof v);

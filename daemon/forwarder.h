@@ -351,6 +351,7 @@ class Forwarder final : private AmqpSession::Handler, private JournalFeed::Event
   Clock::time_point connected_at_;
   uint64_t confirms_this_connection_ = 0;
   Clock::time_point reconnect_at_;
+  Clock::time_point last_new_round_;  // the last round that published new posts
   // The reader found nothing more before this limit (since the last seek).
   JournalPosition idle_at_limit_;
   bool drain_probed_ = false;
