@@ -2,25 +2,33 @@
 // fixed, valid header is put in front of it, so that every input reaches the
 // record framing, resynchronisation and payload verification.
 //
-// Each input is read four times, every time under all the invariants of
-// ReadSegmentChecked, and the reads are compared:
+// Each input is read four times under all the invariants of
+// ReadSegmentChecked, and once more through a growing source, and the reads
+// are compared:
 //  - with the default options;
 //  - with a small scan budget: running out of it may only cut the read
 //    short, so its records are a prefix of the first read's;
 //  - resumed at the next_offset of the middle record (as the daemon resumes
 //    from its watermark): the same records follow as in the first read;
 //  - with a small payload_max, which shrinks the reader's window to a few
-//    KiB, so that small inputs cross window refills.
+//    KiB, so that small inputs cross window refills;
+//  - cut at the next_offset of the middle record (a commit, as the daemon's
+//    forwarder sees the journal), read to its end, then grown to the whole
+//    file (Source::Grow, SegmentReader::Grow) and read on: the same records
+//    as the first read.
 #include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
 #include "fuzz_check.h"
+#include "post.h"
 #include "segment_format.h"
 #include "segment_invariants.h"
+#include "segment_reader.h"
 
 namespace {
 
@@ -29,6 +37,40 @@ using postspool::fuzz::ReadSegmentChecked;
 using postspool::fuzz::SegmentReadOptions;
 
 constexpr uint64_t kSmallScanBytesMax = 4096;
+
+// A segment still being written: the first `size` bytes of `file`.
+class GrowingSource final : public segment::Source {
+ public:
+  GrowingSource(std::span<const std::byte> file, uint64_t size) : file_(file), size_(size) {}
+  uint64_t size() const override { return size_; }
+  postspool::Status ReadAt(uint64_t offset, std::span<std::byte> out, size_t* got) override {
+    return segment::MemorySource(file_.first(size_)).ReadAt(offset, out, got);
+  }
+  bool Grow(uint64_t size_max) override {
+    const uint64_t size = std::min<uint64_t>(file_.size(), size_max);
+    if (size < size_) return false;
+    size_ = size;
+    return true;
+  }
+
+ private:
+  std::span<const std::byte> file_;
+  uint64_t size_;
+};
+
+// Offsets of the records `reader` hands out until kEnd.
+void ReadOffsets(segment::SegmentReader* reader, size_t calls_max, std::vector<uint64_t>* out) {
+  segment::Record rec;
+  for (size_t calls = 0;; ++calls) {
+    FUZZ_CHECK(calls <= calls_max);
+    const auto r = reader->Next(&rec);
+    if (r != segment::SegmentReader::Result::kRecord) {
+      FUZZ_CHECK(r == segment::SegmentReader::Result::kEnd);
+      return;
+    }
+    out->push_back(rec.position.offset);
+  }
+}
 constexpr uint32_t kSmallPayloadMax = 512;
 
 std::array<std::byte, segment::kHeaderBytes> FixedHeader() {
@@ -75,6 +117,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(std::equal(rest.record_offsets.begin(), rest.record_offsets.end(),
                           full.record_offsets.begin() + static_cast<ptrdiff_t>(middle) + 1,
                           full.record_offsets.end()));
+  }
+
+  if (!full.record_offsets.empty()) {
+    const uint64_t commit = full.record_next_offsets[full.record_offsets.size() / 2];
+    GrowingSource source(file, commit);
+    segment::ReaderOptions options;
+    options.verify_payload = postspool::VerifyPostPayload;
+    std::unique_ptr<segment::SegmentReader> reader;
+    FUZZ_CHECK(segment::SegmentReader::Open(&source, options, &reader).ok());
+    std::vector<uint64_t> offsets;
+    ReadOffsets(reader.get(), file.size() / 8 + 2, &offsets);
+    FUZZ_CHECK(reader->torn_tail_bytes() == 0);  // it ended at a record's end
+    FUZZ_CHECK(source.Grow(file.size()));
+    FUZZ_CHECK(reader->Grow());
+    ReadOffsets(reader.get(), file.size() / 8 + 2, &offsets);
+    FUZZ_CHECK(offsets == full.record_offsets);
   }
 
   SegmentReadOptions narrow;
