@@ -9,7 +9,7 @@ namespace {
 using std::chrono::milliseconds;
 
 constexpr int kPublishBatch = 64;                              // forwarder.cc
-constexpr auto kStableConnection = std::chrono::seconds(10);   // forwarder.cc
+constexpr auto kStableConnection = std::chrono::seconds(10);   // forwarder_connection.cc
 
 }  // namespace
 
