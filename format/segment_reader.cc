@@ -44,14 +44,21 @@ Status FileSource::ReadAt(uint64_t offset, std::span<std::byte> out, size_t* got
 }
 
 Status MemorySource::ReadAt(uint64_t offset, std::span<std::byte> out, size_t* got) {
-  if (offset >= bytes_.size()) {
+  if (offset >= size_) {
     *got = 0;
     return Status::Ok();
   }
-  const size_t n = static_cast<size_t>(std::min<uint64_t>(out.size(), bytes_.size() - offset));
+  const size_t n = static_cast<size_t>(std::min<uint64_t>(out.size(), size_ - offset));
   std::memcpy(out.data(), bytes_.data() + offset, n);
   *got = n;
   return Status::Ok();
+}
+
+bool MemorySource::Grow(uint64_t size_max) {
+  const uint64_t size = std::min<uint64_t>(bytes_.size(), size_max);
+  if (size < size_) return false;
+  size_ = size;
+  return true;
 }
 
 const char* SkipReasonName(SkipReason reason) {

@@ -13,6 +13,7 @@
 //    bounded (scan_bytes_max), whatever the input.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -58,15 +59,20 @@ class FileSource final : public Source {
   uint64_t size_;
 };
 
-// Reads bytes in memory, which must outlive the source.
+// Reads bytes in memory, which must outlive the source: the first `size` of
+// them (all by default), as a file being written shows its first bytes;
+// Grow shows more of them.
 class MemorySource final : public Source {
  public:
-  explicit MemorySource(std::span<const std::byte> bytes) : bytes_(bytes) {}
-  uint64_t size() const override { return bytes_.size(); }
+  explicit MemorySource(std::span<const std::byte> bytes, uint64_t size = UINT64_MAX)
+      : bytes_(bytes), size_(std::min<uint64_t>(bytes.size(), size)) {}
+  uint64_t size() const override { return size_; }
   Status ReadAt(uint64_t offset, std::span<std::byte> out, size_t* got) override;
+  bool Grow(uint64_t size_max) override;
 
  private:
   std::span<const std::byte> bytes_;
+  uint64_t size_;
 };
 
 enum class SkipReason {

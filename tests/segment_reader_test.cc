@@ -50,35 +50,12 @@ TEST(SegmentReader, ReadsEveryRecordInOrderWithItsPosition) {
   EXPECT_EQ(reader->skipped_bytes(), 0u);
 }
 
-// A segment still being written: the reader sees `visible` bytes of it.
-class GrowingSource final : public Source {
- public:
-  explicit GrowingSource(std::span<const std::byte> bytes, uint64_t visible)
-      : bytes_(bytes), visible_(visible) {}
-  uint64_t size() const override { return visible_; }
-  Status ReadAt(uint64_t offset, std::span<std::byte> out, size_t* got) override {
-    ++reads_;
-    return MemorySource(std::span(bytes_).first(visible_)).ReadAt(offset, out, got);
-  }
-  bool Grow(uint64_t size_max) override {
-    const uint64_t size = std::min<uint64_t>(bytes_.size(), size_max);
-    if (size < visible_) return false;
-    visible_ = size;
-    return true;
-  }
-  int reads_ = 0;
-
- private:
-  std::span<const std::byte> bytes_;
-  uint64_t visible_;
-};
-
 TEST(SegmentReader, GrowReadsOnFromACleanEndWithTheSameReader) {
   const auto posts = Posts(40);
   std::vector<uint64_t> offsets;
   const auto bytes = SegmentBytes(posts, &offsets);
   offsets.push_back(bytes.size());
-  GrowingSource source(bytes, offsets[1]);  // the first record committed
+  MemorySource source(bytes, offsets[1]);  // the first record committed
   ReaderOptions options;
   options.verify_payload = VerifyPostPayload;
   std::unique_ptr<SegmentReader> reader;
@@ -108,7 +85,7 @@ TEST(SegmentReader, GrowIsRefusedAfterATornTailSoThatTheCallerReadsAgainFromScra
   const auto bytes = SegmentBytes(posts, &offsets);
   // Visible up to the middle of the second record: a torn tail, which a
   // grown reader must not take for the end of data.
-  GrowingSource source(bytes, offsets[1] + 10);
+  MemorySource source(bytes, offsets[1] + 10);
   ReaderOptions options;
   options.verify_payload = VerifyPostPayload;
   std::unique_ptr<SegmentReader> reader;

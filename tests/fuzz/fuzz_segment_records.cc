@@ -14,7 +14,7 @@
 //    KiB, so that small inputs cross window refills;
 //  - cut at the next_offset of the middle record (a commit, as the daemon's
 //    forwarder sees the journal), read to its end, then grown to the whole
-//    file (Source::Grow, SegmentReader::Grow) and read on: the same records
+//    file (MemorySource::Grow, SegmentReader::Grow) and read on: the same records
 //    as the first read.
 #include <algorithm>
 #include <array>
@@ -37,26 +37,7 @@ using postspool::fuzz::ReadSegmentChecked;
 using postspool::fuzz::SegmentReadOptions;
 
 constexpr uint64_t kSmallScanBytesMax = 4096;
-
-// A segment still being written: the first `size` bytes of `file`.
-class GrowingSource final : public segment::Source {
- public:
-  GrowingSource(std::span<const std::byte> file, uint64_t size) : file_(file), size_(size) {}
-  uint64_t size() const override { return size_; }
-  postspool::Status ReadAt(uint64_t offset, std::span<std::byte> out, size_t* got) override {
-    return segment::MemorySource(file_.first(size_)).ReadAt(offset, out, got);
-  }
-  bool Grow(uint64_t size_max) override {
-    const uint64_t size = std::min<uint64_t>(file_.size(), size_max);
-    if (size < size_) return false;
-    size_ = size;
-    return true;
-  }
-
- private:
-  std::span<const std::byte> file_;
-  uint64_t size_;
-};
+constexpr uint32_t kSmallPayloadMax = 512;
 
 // Offsets of the records `reader` hands out until kEnd.
 void ReadOffsets(segment::SegmentReader* reader, size_t calls_max, std::vector<uint64_t>* out) {
@@ -71,7 +52,6 @@ void ReadOffsets(segment::SegmentReader* reader, size_t calls_max, std::vector<u
     out->push_back(rec.position.offset);
   }
 }
-constexpr uint32_t kSmallPayloadMax = 512;
 
 std::array<std::byte, segment::kHeaderBytes> FixedHeader() {
   segment::Header header;
@@ -121,7 +101,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   if (!full.record_offsets.empty()) {
     const uint64_t commit = full.record_next_offsets[full.record_offsets.size() / 2];
-    GrowingSource source(file, commit);
+    segment::MemorySource source(file, commit);
     segment::ReaderOptions options;
     options.verify_payload = postspool::VerifyPostPayload;
     std::unique_ptr<segment::SegmentReader> reader;
