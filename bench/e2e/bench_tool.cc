@@ -64,7 +64,9 @@ class Args {
       } else if (i + 1 < argc && std::strncmp(argv[i + 1], "--", 2) != 0) {
         values_[a] = argv[++i];
       } else {
-        values_[a] = "1";
+        // Not `= "1"`: GCC 12 at -O3 warns falsely (-Wrestrict) on that
+        // assignment.
+        values_.insert_or_assign(a, std::string(1, '1'));
       }
     }
   }
