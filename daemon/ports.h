@@ -117,7 +117,7 @@ class SpoolDir {
   virtual Status Quarantine(const std::string& name, const std::string& target) = 0;
   // Bytes held by the quarantine directory (allocated), for the quota.
   virtual uint64_t quarantine_bytes() const = 0;
-  // Drains the change notifications (inotify); true if any arrived.
+  // True if change notifications (inotify) arrived since the last call.
   virtual bool TakeChanges() = 0;
 };
 
@@ -146,6 +146,8 @@ class RingPort {
   virtual void Sleep() = 0;
   // The loop is awake again (for whatever reason).
   virtual void Awake() = 0;
+  // True once a doorbell rang since the last Sleep(), before Awake().
+  virtual bool Rang() const = 0;
 };
 
 }  // namespace postspool::daemon

@@ -119,7 +119,9 @@ void RealSpoolDir::DrainNotifications() {
 }
 
 bool RealSpoolDir::TakeChanges() {
-  DrainNotifications();
+  // Not read here: the loop calls DrainNotifications when the descriptor
+  // is readable, and a read that finds nothing would cost every round a
+  // system call.
   const bool changed = changed_;
   changed_ = false;
   return changed;

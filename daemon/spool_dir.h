@@ -21,7 +21,8 @@ class RealSpoolDir final : public SpoolDir {
   // Opens both directories and the inotify watch on the spool directory,
   // and counts what the quarantine holds.
   Status Open(const std::string& spool_dir, const std::string& quarantine_dir);
-  // Readable when the spool directory changed: call DrainNotifications().
+  // Readable when the spool directory changed: call DrainNotifications()
+  // (TakeChanges reports what it read and never reads itself).
   int inotify_fd() const { return inotify_fd_.get(); }
   void DrainNotifications();
 
