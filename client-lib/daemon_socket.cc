@@ -182,6 +182,19 @@ DaemonSocket::Result DaemonSocket::AwaitAck(uint64_t request_id, uint16_t record
       if (*shut) socket->fd_.reset();
     }
   } close_if_shut{this, &gave_up};
+  // The caller spools this request's posts once the budget is spent.
+  // Shutting the reading side first makes that unambiguous: from here on
+  // the daemon's acknowledgement fails (EPIPE), so it knows the posts it
+  // journaled will come again from the spool (socket_acks_undelivered_total),
+  // and an acknowledgement that came just before is still read, once more.
+  const auto give_up = [&] {
+    ::shutdown(fd_.get(), SHUT_RD);
+    gave_up = true;
+  };
+  // Wait first: the daemon was only just woken, so a receive now mostly
+  // finds nothing and costs a system call per post (an ack that is there
+  // already makes the poll return at once).
+  if (!WaitFor(fd_.get(), POLLIN, deadline)) give_up();
   // Room for more than an ack, so that a longer packet shows as one (its
   // real length comes back through MSG_TRUNC).
   alignas(8) std::array<std::byte, 2 * wire::kAckBytes> buf;
@@ -274,14 +287,7 @@ DaemonSocket::Result DaemonSocket::AwaitAck(uint64_t request_id, uint16_t record
     }
     if (n == 0) return Fail("connection closed by the daemon before the acknowledgement", false);
     if (err == EAGAIN || err == EWOULDBLOCK) {
-      if (WaitFor(fd_.get(), POLLIN, deadline)) continue;
-      // The caller spools this request's posts now. Shutting the reading
-      // side first makes that unambiguous: from here on the daemon's
-      // acknowledgement fails (EPIPE), so it knows the posts it journaled
-      // will come again from the spool (socket_acks_undelivered_total), and
-      // an acknowledgement that came just before is still read, once more.
-      ::shutdown(fd_.get(), SHUT_RD);
-      gave_up = true;
+      if (!WaitFor(fd_.get(), POLLIN, deadline)) give_up();
       continue;
     }
     return Fail(ErrnoText("receive from " + path_, err), false);
