@@ -498,7 +498,6 @@ void Ingest::ForgetConfirmed() {
 
 void Ingest::OnRoundEnd() {
   const auto now = ports_.clock->Now();
-  WakeRings();
   ForgetConfirmed();
   if (!stopping_) adopter_.Tick();
   FeedAdoption(now);

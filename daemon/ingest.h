@@ -245,7 +245,12 @@ class Ingest final : public IoCallbacks {
   std::vector<std::byte> ring_buffer_;
   Clock::time_point last_ring_record_{};
   bool poll_ = false;
+  // The rings sleep (doorbells set: a producer that publishes rings) across
+  // rounds until DrainRings has a reason to walk their lanes again.
   bool sleeping_ = false;
+  bool rings_changed_ = false;  // a reason: a ring handed out, a write of lane records ended
+  Clock::time_point next_ring_walk_{};  // a reason: the lanes' owners are due to be looked at
+  std::vector<bool> held_at_sleep_;  // per ring: its uid's share held its lanes back
   LogLimiter ring_limiter_;
   LogLimiter dropped_limiter_;
 

@@ -42,6 +42,9 @@ void Ingest::HandleRingRequest(int fd, const Conn& conn, const wire::RequestHead
   for (const auto& e : ports_.rings->entries()) {
     if (e.uid == conn.peer.uid) e.ring.RepairHeader(e.uid);
   }
+  // A new ring's doorbell says "awake" until its lanes were walked and the
+  // loop went to sleep again: this round walks them.
+  rings_changed_ = true;
   wire::EncodeAck(wire::Ack{wire::AckStatus::kAccepted, h.request_id, 0, static_cast<uint32_t>(shm_id)},
                   raw);
   if (!loop_->Send(fd, raw)) loop_->RemoveConnection(fd);
@@ -96,13 +99,6 @@ bool Ingest::DrainRings(Clock::time_point now) {
   // Stopping: what was in the lanes when SIGTERM came is journaled before
   // the daemon exits (posts after it wait in the ring for the next start).
   if (ports_.rings == nullptr || (stopping_ && RingsFlushed())) return false;
-  SyncRingCursors();
-  // Every lane of every ring in one walk, starting one lane further each
-  // round: no lane and no uid is always first. A lane gives at most
-  // ring_lane_records_per_round records per round.
-  size_t total = 0;
-  for (const auto& c : cursors_) total += c.size();
-  if (total == 0) return false;
   const auto& entries = ports_.rings->entries();
   // The quotas apply where a post enters the ring: a uid at its share (or a
   // full disk) has its ring marked full and its producers take the socket,
@@ -110,14 +106,38 @@ bool Ingest::DrainRings(Clock::time_point now) {
   // it waits there (shared memory, kept across restarts) until the share frees, so
   // one uid's ring (ring_lanes × ring_lane_bytes, 4 MiB by default) never
   // overruns its share and takes the room of the others. Stopping journals
-  // it anyway, so SIGTERM never waits on the quota.
-  for (const auto& e : entries) {
-    const uint32_t full = RingAdmits(e.uid) ? 0 : 1;
+  // it anyway, so SIGTERM never waits on the quota. Every round, asleep or
+  // not: a uid's share changes with its socket posts and the confirms too.
+  bool admitted_again = false;
+  for (size_t r = 0; r < entries.size(); ++r) {
+    const auto& e = entries[r];
+    const bool admits = RingAdmits(e.uid);
+    const uint32_t full = admits ? 0 : 1;
     if (e.ring.full().load(std::memory_order_relaxed) != full) {
       e.ring.full().store(full, std::memory_order_relaxed);
     }
+    if (admits && r < held_at_sleep_.size() && held_at_sleep_[r]) admitted_again = true;
     TakeDroppedPosts(e.ring, e.uid);
   }
+  if (sleeping_) {
+    // Asleep, the lanes are walked again only when something can have
+    // changed them for the daemon: a producer rang, a ring was handed out,
+    // a write of lane records ended, a uid that its share held back has
+    // room again, or the lanes' owners are due to be looked at.
+    if (!ports_.rings->Rang() && !rings_changed_ && !admitted_again && !stopping_ &&
+        now < next_ring_walk_) {
+      return false;
+    }
+    WakeRings();
+  }
+  rings_changed_ = false;
+  SyncRingCursors();
+  // Every lane of every ring in one walk, starting one lane further each
+  // round: no lane and no uid is always first. A lane gives at most
+  // ring_lane_records_per_round records per round.
+  size_t total = 0;
+  for (const auto& c : cursors_) total += c.size();
+  if (total == 0) return false;
   bool took = false;
   size_t r = 0, l = 0;
   {
@@ -342,6 +362,7 @@ void Ingest::RingsToWriting() {
 }
 
 void Ingest::RingsCommitted() {
+  if (!writing_.lane_ends.empty()) rings_changed_ = true;
   for (const LaneEnd& e : writing_.lane_ends) {
     LaneCursor& c = cursors_[e.ring][e.lane];
     c.in_writing = false;
@@ -355,6 +376,7 @@ void Ingest::RingsCommitted() {
 void Ingest::RingsFailed() {
   // The records stay in their lanes and are read again (by the next start,
   // if this one is stopping: it does not retry a failing journal).
+  if (!writing_.lane_ends.empty()) rings_changed_ = true;
   for (const LaneEnd& e : writing_.lane_ends) {
     LaneCursor& c = cursors_[e.ring][e.lane];
     c.in_writing = false;
@@ -375,6 +397,7 @@ void Ingest::WakeRings() {
 }
 
 void Ingest::MaybeSleep(Clock::time_point now, bool ring_work) {
+  if (sleeping_) return;  // and stays so: DrainRings found no reason to walk the lanes
   poll_ = false;
   if (ports_.rings == nullptr || stopping_ || cursors_.empty()) return;
   if (ring_work || now - last_ring_record_ < std::chrono::microseconds(config_.ring_poll_us)) {
@@ -387,12 +410,16 @@ void Ingest::MaybeSleep(Clock::time_point now, bool ring_work) {
   const auto& entries = ports_.rings->entries();
   for (const auto& e : entries) e.ring.doorbell().store(1, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_seq_cst);
+  held_at_sleep_.assign(entries.size(), false);
   for (size_t r = 0; r < entries.size() && r < cursors_.size(); ++r) {
     for (uint32_t l = 0; l < cursors_[r].size(); ++l) {
       const LaneCursor& c = cursors_[r][l];
-      if (c.broken || c.in_writing) continue;  // the write's completion wakes the loop
+      if (c.broken || c.in_writing) continue;  // the write's end has the lanes walked (RingsCommitted)
       if (entries[r].ring.owner(l).load(std::memory_order_relaxed) == 0) continue;
-      if (!RingAdmits(entries[r].uid)) continue;  // over its share: the loop's timers look again
+      if (!RingAdmits(entries[r].uid)) {
+        held_at_sleep_[r] = true;  // over its share: walked again once it has room (DrainRings)
+        continue;
+      }
       if (entries[r].ring.tail(l).load(std::memory_order_acquire) != c.read) {
         for (const auto& e : entries) e.ring.doorbell().store(0, std::memory_order_relaxed);
         poll_ = true;
@@ -401,6 +428,7 @@ void Ingest::MaybeSleep(Clock::time_point now, bool ring_work) {
     }
   }
   sleeping_ = true;
+  next_ring_walk_ = now + kOwnerCheckInterval;
   ports_.rings->Sleep();
 }
 

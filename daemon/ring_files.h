@@ -55,6 +55,7 @@ class RealRings final : public RingPort {
   bool OwnerAlive(uint64_t identity) override;
   void Sleep() override;
   void Awake() override;
+  bool Rang() const override { return state_.load(std::memory_order_acquire) == 2; }
 
  private:
   struct Segment {

@@ -71,7 +71,11 @@ class SimRingPort final : public daemon::RingPort {
   const std::vector<Entry>& rings() const { return entries_; }
   bool OwnerAlive(uint64_t identity) override { return store_->Alive(identity); }
   void Sleep() override;
-  void Awake() override { asleep_ = false; }
+  void Awake() override {
+    if (asleep_) ++awakenings_;
+    asleep_ = false;
+  }
+  bool Rang() const override { return asleep_ && rung_; }
 
   // A producer took a doorbell (ring::TakeDoorbell returned true) and
   // FUTEX_WAKEs it: the loop wakes if it sleeps.
@@ -82,6 +86,8 @@ class SimRingPort final : public daemon::RingPort {
   bool asleep_unrung() const { return asleep_ && !rung_; }
   bool asleep() const { return asleep_; }
   uint64_t sleeps() const { return sleeps_; }
+  // How often the loop woke the rings (and walked their lanes) after a Sleep.
+  uint64_t awakenings() const { return awakenings_; }
   // Called in Sleep(): what the simulation notes about the moment (the uids
   // whose quota holds their lanes back).
   void set_on_sleep(std::function<void()> f) { on_sleep_ = std::move(f); }
@@ -97,6 +103,7 @@ class SimRingPort final : public daemon::RingPort {
   bool asleep_ = false;
   bool rung_ = false;
   uint64_t sleeps_ = 0;
+  uint64_t awakenings_ = 0;
   std::function<void()> on_sleep_;
   std::function<void()> on_entries_;
 };

@@ -331,7 +331,9 @@ class World {
   // Posts published into a lane and maybe not journaled yet (end, id).
   std::map<LaneKey, std::deque<std::pair<uint64_t, PostId>>> lane_posts_;
   // Lanes where a producer died after its tail store and before its
-  // doorbell, since the daemon's last round: nothing wakes the loop for it.
+  // doorbell, since the daemon last walked the lanes: nothing wakes the
+  // loop for them (rings that sleep stay so across rounds that no doorbell
+  // woke; their lanes are walked again within a second, kOwnerCheckInterval).
   std::set<LaneKey> quiet_lanes_;
   // At the last Sleep(): the uids whose quota held their lanes back.
   std::set<uid_t> unadmitted_at_sleep_;
@@ -1901,9 +1903,11 @@ void World::Round(bool producing) {
       }
     }
     if (run) {
+      const bool rings_asleep = dp_->rings->asleep();
+      const uint64_t awakenings = dp_->rings->awakenings();
       if (Status s = dp_->loop->RunOnce(0); !s.ok()) std::abort();
       last_daemon_round_ = now;
-      quiet_lanes_.clear();
+      if (!rings_asleep || dp_->rings->awakenings() != awakenings) quiet_lanes_.clear();
       if (!fs.daemon_dead()) CheckBoundedWork();
     }
   }
