@@ -244,10 +244,15 @@ Status JournalWriter::Open(const Options& options, JournalUsage* usage,
   // created (the previous writer's end()); a reader starting there must not
   // find older records under that name. A damaged checkpoint only costs
   // this guard (the forwarder then starts from the oldest segment anyway).
+  // One that could not be read (EIO, say) fails the start: the forwarder
+  // may read it a moment later, and would then take this writer's first
+  // segments, numbered below the checkpoint, as confirmed.
   uint64_t next = seqs.empty() ? 1 : seqs.back() + 1;
   JournalPosition checkpoint;
-  if (Checkpoint::Load(dirfd.get(), &checkpoint, storage).ok()) {
+  if (Status s = Checkpoint::Load(dirfd.get(), &checkpoint, storage); s.ok()) {
     next = std::max(next, checkpoint.segment_seq + 1);
+  } else if (s.code() != StatusCode::kCorruption) {
+    return s;
   }
   out->reset(new JournalWriter(options, std::move(dirfd), usage, next));
   return Status::Ok();

@@ -170,6 +170,26 @@ TEST(Journal, ReaderResumesFromAPositionItHandedOut) {
   EXPECT_EQ(rest.front(), 1500u);
 }
 
+// The writer numbers its first segment after the checkpoint's. A checkpoint
+// it cannot read (here: a directory, EISDIR) fails the start, as the
+// forwarder could read it a moment later and take the new segments, numbered
+// below it, as confirmed; a damaged one (garbage) does not.
+TEST(JournalWriter, RefusesToStartOnACheckpointItCannotRead) {
+  TempDir dir;
+  ASSERT_EQ(::mkdirat(dir.fd(), "checkpoint", 0700), 0);
+  JournalUsage usage;
+  std::unique_ptr<JournalWriter> w;
+  const Status s = JournalWriter::Open({dir.path(), 1 << 20}, &usage, &w);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("checkpoint"), std::string::npos) << s.message();
+  ASSERT_EQ(::unlinkat(dir.fd(), "checkpoint", AT_REMOVEDIR), 0);
+  {
+    std::ofstream f(dir.path() + "/checkpoint", std::ios::binary);
+    f << "not a checkpoint at all";
+  }
+  EXPECT_TRUE(JournalWriter::Open({dir.path(), 1 << 20}, &usage, &w).ok());
+}
+
 TEST(Checkpoint, StoresAndLoadsAndStartsAtTheBeginning) {
   TempDir dir;
   JournalPosition p;
