@@ -140,11 +140,13 @@ class RingPort {
   virtual const std::vector<Entry>& entries() const = 0;
   // True while the process `identity` names (pid and start time) runs.
   virtual bool OwnerAlive(uint64_t identity) = 0;
-  // The loop is going to sleep: every ring's doorbell is set and every lane
-  // was found empty after. The watcher waits on the doorbells and makes the
-  // loop's wake-up descriptor readable when one is rung.
+  // The rings go to sleep: every ring's doorbell is set and every lane was
+  // found empty after. The watcher waits on the doorbells and makes the
+  // loop's wake-up descriptor readable when one is rung. They stay asleep
+  // across the loop's rounds (which serve the socket meanwhile) until Awake.
   virtual void Sleep() = 0;
-  // The loop is awake again (for whatever reason).
+  // The loop walks the lanes again (a doorbell rang, or another reason:
+  // Ingest::DrainRings).
   virtual void Awake() = 0;
   // True once a doorbell rang since the last Sleep(), before Awake().
   virtual bool Rang() const = 0;

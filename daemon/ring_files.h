@@ -85,9 +85,10 @@ class RealRings final : public RingPort {
   std::vector<Segment> segments_;  // parallel to entries_
   std::vector<uid_t> refused_;  // uids whose ring could not be made (logged once)
 
-  // The doorbell thread: state_ 0 = the loop is awake (the thread waits on
-  // state_), 1 = the loop sleeps (the thread waits on every doorbell and
-  // on state_), 2 = the thread woke the loop and waits for it to say so.
+  // The doorbell thread: state_ 0 = the loop walks the lanes (the thread
+  // waits on state_), 1 = the rings sleep, though the loop may still serve
+  // the socket (the thread waits on every doorbell and on state_), 2 = the
+  // thread woke the loop and waits for it to say so (Rang()).
   // 3: the daemon stops (set by the destructor only).
   //
   // Only a loop that goes to sleep while the thread waits on state_ alone
