@@ -1,6 +1,6 @@
 // Micro-benchmarks of the forwarder's basic.publish: rabbitmq-c's
 // amqp_basic_publish (three send() calls per post: method, header, body
-// frames) against our encoder (daemon/publish_frames.h) with one send() per
+// frames) against our encoder (daemon/forwarder/publish_frames.h) with one send() per
 // forwarder round of kRound posts, as AmqpSession::AppendPublish and Flush
 // do it. Both write to a socketpair whose other end a thread reads and
 // throws away (a sink like /dev/null, which send() cannot write to).

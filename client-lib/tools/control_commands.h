@@ -1,5 +1,5 @@
 // The `postspool` commands that talk to a running postspoold through its
-// control socket (daemon/control.h): status, drain, metrics, reconnect,
+// control socket (daemon/ops/control.h): status, drain, metrics, reconnect,
 // log-level. Each parses its own options (getopt_long).
 //
 // Exit codes (exit_codes.h; docs/client.md):

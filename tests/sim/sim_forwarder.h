@@ -10,7 +10,7 @@
 // the ledger the checker reads: how often each post id was enqueued, and in
 // which crash epoch, and which ids were confirmed.
 //
-// SimForwarder: the loop of daemon/forwarder.cc and forwarder_connection.cc
+// SimForwarder: the loop of daemon/forwarder/forwarder.cc and forwarder_connection.cc
 // (Run, Connect, Pump, Republish, LoseConnection) on one thread with virtual time, over the real
 // PublishWindow, the real v03 encoder and the real JournalFeed (reading,
 // damaged segments, the checkpoint and deleting confirmed segments, on the

@@ -1,4 +1,4 @@
-// SimIoLoop: the IoLoop (daemon/io_loop.h) on a SimNode. One RunOnce is one
+// SimIoLoop: the IoLoop (daemon/loop/io_loop.h) on a SimNode. One RunOnce is one
 // round: accepted connections, then packets (a few per connection, in
 // descriptor order), then connections that ended, then the writes and
 // syncs submitted in earlier rounds (applied to SimFs now, with its faults),

@@ -1,4 +1,4 @@
-// SimStorage: the journal's Storage port (daemon/storage.h) on SimFs, so
+// SimStorage: the journal's Storage port (daemon/journal/storage.h) on SimFs, so
 // that the real JournalWriter, JournalReader, Checkpoint,
 // SetAsideDamagedSegment and DeleteConfirmedSegments run on the simulated
 // disk: page cache vs durable state, power loss, torn and short writes,
