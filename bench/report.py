@@ -200,8 +200,10 @@ def cost_table(c):
                      x(s.get("ratio_p50_to_anchor")), g.get("socket_" + placement, "")))
     for placement in ("same", "cross"):
         s = c.get("socket_" + placement, {})
+        cpu, anchor = s.get("daemon_cpu_us_per_post"), s.get("anchor_server_cpu_us_per_round_trip")
         rows.append(("daemon CPU µs per socket post until confirmed, %s CPU" % placement,
-                     f(s.get("daemon_cpu_us_per_post")), "", "", g.get("daemon_cpu", "")))
+                     f(cpu), "the bare server's CPU per round trip: " + f(anchor),
+                     x(cpu / anchor if cpu and anchor else None), g.get("daemon_cpu", "")))
     d = c.get("drain", {})
     if "skipped" in d:
         rows.append(("backlog drain", "skipped: " + d["skipped"], "", "", g.get("drain", "")))

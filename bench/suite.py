@@ -807,7 +807,10 @@ class Suite:
                 out["socket_" + placement] = {
                     "p50_us": s["p50"], "anchor_p50_us": a["p50"],
                     "ratio_p50_to_anchor": ratio(s["p50"], a["p50"]),
-                    "daemon_cpu_us_per_post": median(cpu), "runs": runs, "anchor_runs": anchors}
+                    "daemon_cpu_us_per_post": median(cpu),
+                    "anchor_server_cpu_us_per_round_trip": median(
+                        a.get("server_cpu_us_per_round_trip") for a in anchors),
+                    "runs": runs, "anchor_runs": anchors}
         finally:
             d.stop()
         # A backlog's drain against one rabbitmq-c publisher with confirms,

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <vector>
 
 #include "bench_results.h"
@@ -107,6 +108,15 @@ int Client(const std::string& path, const PingPongOptions& o, int cpu,
   return 0;
 }
 
+// A process's time on a CPU so far, in ns (/proc/<pid>/schedstat, as the
+// daemon's CPU figures are measured); -1 when it cannot be read.
+int64_t CpuNs(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/schedstat");
+  int64_t ns = -1;
+  if (!(in >> ns)) return -1;
+  return ns;
+}
+
 }  // namespace
 
 std::string RunPingPong(const PingPongOptions& o) {
@@ -140,9 +150,11 @@ std::string RunPingPong(const PingPongOptions& o) {
   Status s = fleet.Fork([&](int, std::span<PostOutcome> out) {
     return Client(path, o, client_cpu, out);
   });
+  int64_t server_cpu_ns = -1;
   if (s.ok()) {
     fleet.Release();
     fleet.Wait();
+    server_cpu_ns = CpuNs(server);
   }
   ::kill(server, SIGKILL);
   int status;
@@ -156,6 +168,12 @@ std::string RunPingPong(const PingPongOptions& o) {
   const FleetFigures f = Figures(fleet, 0);
   w.Field("ok", f.ok).Field("failed", f.failed + f.not_run);
   w.Field("seconds", f.seconds).Field("per_s", f.posts_per_s);
+  // The anchor of the daemon's CPU per socket post: what the bare server
+  // spends on a CPU (user and kernel) per round trip.
+  if (server_cpu_ns >= 0 && f.ok > 0) {
+    w.Field("server_cpu_us_per_round_trip",
+            static_cast<double>(server_cpu_ns) / 1e3 / static_cast<double>(f.ok));
+  }
   w.Key("latency_us").BeginObject();
   w.Field("p50", f.latency_all.p50_ms * 1e3).Field("p90", f.latency_all.p90_ms * 1e3);
   w.Field("p99", f.latency_all.p99_ms * 1e3).Field("p999", f.latency_all.p999_ms * 1e3);

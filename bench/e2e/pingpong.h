@@ -2,7 +2,8 @@
 // request/reply of the same sizes as a post and its ack, between client
 // processes and one server process (as postspoold is one process), with the
 // same CPU placement as the run it anchors. What the kernel alone costs for a
-// round trip; a post call cannot be cheaper than this.
+// round trip; a post call cannot be cheaper than this. It also reports the
+// server's own CPU per round trip: the anchor of the daemon's CPU per post.
 #pragma once
 
 #include <string>
