@@ -23,8 +23,11 @@ using namespace forwarder_internal;
 namespace {
 
 // Records published between two looks at what the broker sent: keeps the
-// reaction to acks and connection.blocked prompt while the backlog drains.
-constexpr int kPublishBatch = 64;
+// reaction to acks and connection.blocked prompt while the backlog drains
+// (256 posts are about 0.15 ms of encoding). 64 cost the forwarder 1.96 µs
+// of CPU per post in a drain against 1.78 µs with 256 (medians of 7), at
+// the same rate: the round's system calls are shared by more posts.
+constexpr int kPublishBatch = 256;
 // Per-message warnings (nacks, returns) are logged at most this often.
 constexpr auto kMessageLogInterval = std::chrono::seconds(10);
 // The longest poll() when nothing else is due.

@@ -8,7 +8,7 @@ namespace {
 
 using std::chrono::milliseconds;
 
-constexpr int kPublishBatch = 64;                              // forwarder.cc
+constexpr int kPublishBatch = 256;                             // forwarder.cc
 constexpr auto kStableConnection = std::chrono::seconds(10);   // forwarder_connection.cc
 
 }  // namespace
