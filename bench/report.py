@@ -192,18 +192,32 @@ def cost_table(c):
     the same run, ratio, goal."""
     g = c.get("goals", {})
     rows = []
-    for placement, label in (("same", "client and daemon on one CPU"),
-                             ("cross", "on two CPUs")):
-        s = c.get("socket_" + placement, {})
-        rows.append(("socket post p50 µs, %s" % label, f(s.get("p50_us")),
+    for key, label in (("socket_same", "client and daemon on one CPU"),
+                       ("socket_cross", "on two CPUs"),
+                       ("socket_cross_no_broker", "on two CPUs, no broker (journaled, not "
+                        "forwarded)")):
+        s = c.get(key)
+        if s is None:
+            continue
+        broker = s.get("broker_cpu_us_per_post")
+        rows.append(("socket post p50 µs, %s" % label
+                     + ("; the local broker's CPU µs per post: " + f(broker) if broker else ""),
+                     f(s.get("p50_us")),
                      "bare SEQPACKET round trip, 280 B / 24 B: " + f(s.get("anchor_p50_us")),
-                     x(s.get("ratio_p50_to_anchor")), g.get("socket_" + placement, "")))
-    for placement in ("same", "cross"):
-        s = c.get("socket_" + placement, {})
+                     x(s.get("ratio_p50_to_anchor")),
+                     g.get(key, "not a goal: the daemon's path without the broker's work")))
+    for key, label in (("socket_same", "until confirmed, same CPU"),
+                       ("socket_cross", "until confirmed, cross CPU"),
+                       ("socket_cross_no_broker", "cross CPU, no broker")):
+        s = c.get(key)
+        if s is None:
+            continue
         cpu, anchor = s.get("daemon_cpu_us_per_post"), s.get("anchor_server_cpu_us_per_round_trip")
-        rows.append(("daemon CPU µs per socket post until confirmed, %s CPU" % placement,
+        rows.append(("daemon CPU µs per socket post, %s" % label,
                      f(cpu), "the bare server's CPU per round trip: " + f(anchor),
-                     x(cpu / anchor if cpu and anchor else None), g.get("daemon_cpu", "")))
+                     x(cpu / anchor if cpu and anchor else None),
+                     g.get("daemon_cpu", "") if "no_broker" not in key else
+                     "not a goal: without the forwarder's and the broker's work"))
     d = c.get("drain", {})
     if "skipped" in d:
         rows.append(("backlog drain", "skipped: " + d["skipped"], "", "", g.get("drain", "")))

@@ -49,6 +49,8 @@ def main():
                 bad.append("latency %s: no p50" % key)
         cost = figures.get("cost", {})
         for key, field in (("socket_same", "p50_us"), ("socket_cross", "anchor_p50_us"),
+                           ("socket_cross", "broker_cpu_us_per_post"),
+                           ("socket_cross_no_broker", "p50_us"),
                            ("drain", "drain_posts_per_s"), ("process", "p50_ms"),
                            ("ring_8", "journaled_per_s"), ("ring_1", "p50_us")):
             if cost.get(key, {}).get(field) is None:

@@ -29,6 +29,9 @@ import time
 
 EXCHANGE = "xs_bench"
 QUEUE = "q_bench"
+# A broker nobody listens on (the discard port on loopback): the daemon
+# journals and acks, its forwarder waits to connect (as ring_bench does).
+NO_BROKER_URL = "amqp://guest:guest@127.0.0.1:9/"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -103,6 +106,30 @@ class Broker:
 
     def depth(self):
         return int(self.command("depth " + QUEUE))
+
+    def cpu_s(self):
+        """The CPU time of our broker's Erlang VM (every thread), from
+        /proc/<pid>/task/*/schedstat; None when the broker is not ours or
+        not found (its command line names its data directory)."""
+        data_dir = self.info.get("data_dir")
+        if not data_dir:
+            return None
+        total, found = 0, False
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open("/proc/%s/cmdline" % pid, "rb") as f:
+                    cmd = f.read()
+                if b"beam" not in cmd.split(b"\0")[0] or data_dir.encode() not in cmd:
+                    continue
+                for tid in os.listdir("/proc/%s/task" % pid):
+                    with open("/proc/%s/task/%s/schedstat" % (pid, tid)) as f:
+                        total += int(f.read().split()[0])
+                found = True
+            except (OSError, ValueError, IndexError):
+                continue
+        return total / 1e9 if found else None
 
     def close(self):
         try:
@@ -782,37 +809,52 @@ class Suite:
         # A socket post against a bare SOCK_SEQPACKET round trip of the same
         # placement, 280-byte request and 24-byte reply (a post and its ack);
         # the daemon's CPU per socket post until the broker confirmed it.
-        d = self.new_daemon("accepted")
-        try:
-            for placement, daemon_cpus in (("same", "0"), ("cross", "1")):
-                log("cost: socket post, %s CPU" % placement)
-                anchors, runs, cpu = [], [], []
+        # The same across two CPUs with no broker at all (the forwarder
+        # waits to connect; posts are journaled and acked as always): what
+        # the daemon's path costs without the broker's own work per post,
+        # which on a small machine shares the client's and the daemon's CPUs.
+        for key, placement, daemon_cpus, broker in (
+                ("socket_same", "same", "0", True), ("socket_cross", "cross", "1", True),
+                ("socket_cross_no_broker", "cross", "1", False)):
+            log("cost: socket post, %s CPU%s" % (placement, "" if broker else ", no broker"))
+            if broker:
+                d = self.new_daemon("accepted")
+            else:
+                d = Daemon(self.a.postspoold, NO_BROKER_URL, "accepted")
+                d.start()
+            try:
+                anchors, runs, cpu, broker_cpu = [], [], [], []
                 for _ in range(sz["reps"]):
                     anchors.append(self.run_tool(
                         "pingpong", "--clients", 1, "--round-trips", sz["posts1"],
                         "--placement", placement, "--request-bytes", 280, "--reply-bytes", 24))
                     d.pin(daemon_cpus)
                     before = d.metrics().get("confirmed_total", 0)
-                    cpu0 = d.threads_cpu_s()
+                    cpu0, b0 = d.threads_cpu_s(), self.broker.cpu_s()
                     r = self.fleet(d, "socket", 1, sz["posts1"], cpu=0)
-                    d.wait_confirmed(before + r.get("ok", 0), 120)
-                    cpu1 = d.threads_cpu_s()
+                    if broker:
+                        d.wait_confirmed(before + r.get("ok", 0), 120)
+                    cpu1, b1 = d.threads_cpu_s(), self.broker.cpu_s()
                     r["daemon_cpu_s"] = {k: cpu1.get(k, 0) - cpu0.get(k, 0) for k in cpu1}
                     ok = r.get("ok", 0)
                     cpu.append(sum(r["daemon_cpu_s"].values()) / ok * 1e6 if ok else None)
+                    # The broker's CPU for the same posts, until it confirmed them.
+                    broker_cpu.append((b1 - b0) / ok * 1e6 if broker and ok and b0 is not None
+                                      and b1 is not None else None)
                     runs.append(r)
-                self.reset_quietly()
-                s = summarize_runs(runs, "posts_per_s")
-                a = summarize_runs(anchors, "per_s")
-                out["socket_" + placement] = {
-                    "p50_us": s["p50"], "anchor_p50_us": a["p50"],
-                    "ratio_p50_to_anchor": ratio(s["p50"], a["p50"]),
-                    "daemon_cpu_us_per_post": median(cpu),
-                    "anchor_server_cpu_us_per_round_trip": median(
-                        a.get("server_cpu_us_per_round_trip") for a in anchors),
-                    "runs": runs, "anchor_runs": anchors}
-        finally:
-            d.stop()
+            finally:
+                d.stop()
+            self.reset_quietly()
+            s = summarize_runs(runs, "posts_per_s")
+            a = summarize_runs(anchors, "per_s")
+            out[key] = {
+                "p50_us": s["p50"], "anchor_p50_us": a["p50"],
+                "ratio_p50_to_anchor": ratio(s["p50"], a["p50"]),
+                "daemon_cpu_us_per_post": median(cpu),
+                "broker_cpu_us_per_post": median(broker_cpu),
+                "anchor_server_cpu_us_per_round_trip": median(
+                    a.get("server_cpu_us_per_round_trip") for a in anchors),
+                "runs": runs, "anchor_runs": anchors}
         # A backlog's drain against one rabbitmq-c publisher with confirms,
         # window 1,000, the same number of messages into an empty queue.
         if self.broker.own:
