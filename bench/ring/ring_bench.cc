@@ -64,7 +64,9 @@ int64_t NowNs() {
 double CpuSeconds(pid_t pid) {
   const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
   double ns = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(tasks, std::filesystem::directory_options::skip_permission_denied)) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(tasks, ec)) {
     std::ifstream f(entry.path() / "schedstat");
     double on_cpu = 0;
     if (f >> on_cpu) ns += on_cpu;
