@@ -37,6 +37,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -156,7 +157,6 @@ struct RunResult {
 // the measured time (100 ms against 0.3 s for 400,000 ring posts). Falls
 // back to the file if the control socket does not answer.
 uint64_t Journaled(const DaemonProcess& d) {
-  std::map<std::string, uint64_t> m;
   std::string text;
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_un addr{};
@@ -183,19 +183,12 @@ uint64_t Journaled(const DaemonProcess& d) {
     }
   }
   if (fd >= 0) ::close(fd);
+  std::map<std::string, uint64_t> m;
   if (text.empty()) {
     m = d.Metrics();
   } else {
-    size_t at = 0;
-    while (at < text.size()) {
-      size_t end = text.find('\n', at);
-      if (end == std::string::npos) end = text.size();
-      const std::string line = text.substr(at, end - at);
-      at = end + 1;
-      const size_t space = line.find(' ');
-      if (line.rfind("postspool_", 0) != 0 || space == std::string::npos) continue;
-      m[line.substr(10, space - 10)] = std::strtoull(line.c_str() + space + 1, nullptr, 10);
-    }
+    std::istringstream lines(text);
+    m = DaemonProcess::ParseMetrics(lines);
   }
   return m["ring_posts_journaled_total"] + m["socket_posts_journaled_total"] +
          m["spool_posts_journaled_total"];

@@ -176,10 +176,14 @@ void DaemonProcess::Kill() {
 }
 
 std::map<std::string, uint64_t> DaemonProcess::Metrics() const {
-  std::map<std::string, uint64_t> out;
   std::ifstream f(root_ + "/metrics.prom");
+  return ParseMetrics(f);
+}
+
+std::map<std::string, uint64_t> DaemonProcess::ParseMetrics(std::istream& text) {
+  std::map<std::string, uint64_t> out;
   std::string line;
-  while (std::getline(f, line)) {
+  while (std::getline(text, line)) {
     if (line.empty() || line[0] == '#') continue;
     const size_t space = line.find(' ');
     if (space == std::string::npos || line.rfind("postspool_", 0) != 0) continue;

@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <istream>
 #include <map>
 #include <string>
 #include <vector>
@@ -52,6 +53,9 @@ class DaemonProcess {
   // The counters of the metrics file (written every 100 ms and at exit),
   // without the "postspool_" prefix.
   std::map<std::string, uint64_t> Metrics() const;
+  // The same counters from metrics text in the file's format (what the
+  // control socket's `metrics` request returns as "text").
+  static std::map<std::string, uint64_t> ParseMetrics(std::istream& text);
   std::string LogText() const;
 
  private:
