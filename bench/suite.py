@@ -74,6 +74,15 @@ def median(values):
     return statistics.median(values) if values else None
 
 
+def task_cpu_s(pid, tid):
+    """One thread's time on a CPU so far, in seconds, from
+    /proc/<pid>/task/<tid>/schedstat (ns: finer than the clock ticks of
+    /proc/<pid>/stat). Raises OSError, ValueError or IndexError when it
+    cannot be read (the thread ended)."""
+    with open("/proc/%s/task/%s/schedstat" % (pid, tid)) as f:
+        return int(f.read().split()[0]) / 1e9
+
+
 def ratio(a, b):
     return a / b if a is not None and b not in (None, 0) else None
 
@@ -108,9 +117,9 @@ class Broker:
         return int(self.command("depth " + QUEUE))
 
     def cpu_s(self):
-        """The CPU time of our broker's Erlang VM (every thread), from
-        /proc/<pid>/task/*/schedstat; None when the broker is not ours or
-        not found (its command line names its data directory)."""
+        """The CPU time of our broker's Erlang VM (every thread, task_cpu_s),
+        in seconds; None when the broker is not ours or not found (its
+        command line names its data directory)."""
         data_dir = self.info.get("data_dir")
         if not data_dir:
             return None
@@ -124,12 +133,11 @@ class Broker:
                 if b"beam" not in cmd.split(b"\0")[0] or data_dir.encode() not in cmd:
                     continue
                 for tid in os.listdir("/proc/%s/task" % pid):
-                    with open("/proc/%s/task/%s/schedstat" % (pid, tid)) as f:
-                        total += int(f.read().split()[0])
+                    total += task_cpu_s(pid, tid)
                 found = True
             except (OSError, ValueError, IndexError):
                 continue
-        return total / 1e9 if found else None
+        return total if found else None
 
     def close(self):
         try:
@@ -212,15 +220,13 @@ class Daemon:
         return out
 
     def threads_cpu_s(self):
-        """{thread: CPU seconds}, from /proc/<pid>/task/<tid>/schedstat (time on
-        a CPU in ns: finer than the clock ticks of /proc/<pid>/stat)."""
+        """{thread: CPU seconds}, from each thread's schedstat (task_cpu_s)."""
         per = {}
         for tid in os.listdir("/proc/%d/task" % self.pid):
             try:
                 with open("/proc/%d/task/%s/comm" % (self.pid, tid)) as f:
                     comm = f.read().strip()
-                with open("/proc/%d/task/%s/schedstat" % (self.pid, tid)) as f:
-                    cpu = int(f.read().split()[0]) / 1e9
+                cpu = task_cpu_s(self.pid, tid)
             except (OSError, ValueError, IndexError):
                 continue
             name = "main (ingest)" if int(tid) == self.pid else "%s %s" % (comm, tid)
