@@ -1186,7 +1186,11 @@ void World::CheckRingPosts() {
   std::map<uint64_t, std::pair<PostId, JournalPosition>> last_of;  // by incarnation
   uint64_t twice = 0;
   for (const auto& [id, p] : posts_) {  // ids ascend with the producer's sequence
-    if (!p.ring || p.ring_excused) continue;
+    // A post whose journal copy the disk damaged may come again from its
+    // lane after the posts that followed it (a crash before the head moved,
+    // and the damaged copy's id could not be read back into the dedupe
+    // set): exempt, as from the rest of the contract (Post::damaged).
+    if (!p.ring || p.ring_excused || p.damaged) continue;
     auto l = ledger.find(id);
     if (l == ledger.end() || l->second.positions.empty()) continue;  // drains reports it
     if (l->second.positions.size() > 1) {
