@@ -123,6 +123,16 @@ class StorageSource final : public segment::Source {
   }
   uint64_t size() const override { return size_; }
   bool Grow(uint64_t size_max) override {
+    if (size_max != UINT64_MAX) {
+      // The limit in this segment is a committed end (JournalReader::Next):
+      // its bytes were written before it was published, so the file holds
+      // them, and a segment that grows with every commit costs no fstat
+      // per commit. A file cut below it shows as a short read
+      // (SegmentReader::source_shrank).
+      if (size_max < size_) return false;
+      size_ = size_max;
+      return true;
+    }
     FileInfo info;
     if (!storage_->Stat(fd_, &info).ok()) return false;
     const uint64_t size = std::min(info.size, size_max);

@@ -212,7 +212,8 @@ class JournalReader {
   // Moves to `pos` (a record boundary: a watermark or an Entry::next).
   void Seek(JournalPosition pos);
   // The next record before `limit`: true and *entry, or false when there is
-  // none yet. Damage inside a segment is skipped and counted
+  // none yet. `limit` is a committed end: every byte before it was written
+  // (the reader trusts it rather than stat the file). Damage inside a segment is skipped and counted
   // (skipped_bytes()). A segment that cannot be read at all is a status,
   // and the reader stays where it was (position() is in that segment):
   // kCorruption or kUnsupported when its header is damaged, truncated or of
