@@ -420,6 +420,12 @@ Status AmqpSession::ReadFrames(Handler* handler) {
                         : std::string("read: ") + amqp_error_string2(rc));
     }
     if (Status s = HandleFrame(frame, handler); !s.ok()) return s;
+    // On plain TCP, once what the last read brought is used up, stop rather
+    // than read again: that read would find nothing (EAGAIN, then
+    // rabbitmq-c's poll), two system calls per round, and anything that
+    // arrived meanwhile makes the caller's next poll return at once. (Over
+    // TLS, OpenSSL may hold bytes that a poll does not report.)
+    if (direct_writes_ && !HasBufferedInput()) break;
   }
   // Frees the memory decoded frames used (bounded memory: without it the
   // connection's pools only grow).

@@ -99,8 +99,9 @@ class AmqpSession {
   uint64_t next_delivery_tag() const { return published_ + 1; }
 
   // Handles every frame that is available without waiting (rabbitmq-c's
-  // queued frames and buffered bytes first, then the socket), and sends a
-  // heartbeat when one is due. Returns an error when the connection is
+  // queued frames and buffered bytes first, then the socket: on plain TCP
+  // one read of it, what came later is for the next call, which the
+  // caller's poll of fd() prompts), and sends a heartbeat when one is due. Returns an error when the connection is
   // unusable (closed by the broker, with its reply code and text; a missed
   // heartbeat; a socket error).
   Status ReadFrames(Handler* handler);
