@@ -113,6 +113,7 @@ Status Forwarder::Start() {
   window_options.retry_delay_max_ms = config_.republish_delay_max_ms;
   window_options.seed = seed_ ^ 0x9e3779b97f4a7c15ull;
   window_ = std::make_unique<PublishWindow>(window_options, start);
+  done_when_written_ = 0;
   count_reader_.Seek(start);
   counted_ = 0;
   count_caught_up_ = false;
@@ -356,8 +357,8 @@ bool Forwarder::Pump(Clock::time_point now) {
     return false;
   }
   // The confirms just read moved the watermark: record it before publishing
-  // anything more, so that what a crash leaves unconfirmed after the stored
-  // watermark is at most one window (publish_window_max).
+  // anything more when needed, so that what a crash leaves unconfirmed
+  // after the stored watermark is at most one window (publish_window_max).
   WriteWatermark();
   bool more = false;
   if (!blocked_) {
@@ -486,7 +487,12 @@ Status Forwarder::Republish(const PublishWindow::Due& due, Clock::time_point now
 
 void Forwarder::WriteWatermark() {
   PublishWatermark();
+  // Not every round: a pwrite per round was a tenth of a serial stream's
+  // system calls. The checkpoint's own write and sync (checkpoint_interval_ms)
+  // come on top.
+  if (!window_->WatermarkWriteDue(done_when_written_, kPublishBatch)) return;
   feed_.WriteWatermark(window_->watermark());
+  done_when_written_ = window_->done_total();
 }
 
 void Forwarder::MaybeCheckpoint(Clock::time_point now, bool force) {

@@ -34,6 +34,7 @@
 // Not thread-safe: the forwarder thread's own.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -143,6 +144,16 @@ class PublishWindow {
   // popped; Reset() forgets entries without counting them, as they are read
   // and counted again). For the backlog count (forwarder.h).
   uint64_t done_total() const { return done_total_; }
+  // Whether the watermark has to be written before up to `adding` more new
+  // posts are published, so that a crash publishes again at most
+  // window_max: those after the watermark written when done_total() was
+  // `done_when_written` are the records the watermark moved past since,
+  // plus the entries, and the entries can grow to window_max.
+  bool WatermarkWriteDue(uint64_t done_when_written, size_t adding) const {
+    const uint64_t entries_after =
+        std::min<uint64_t>(entries_.size() + adding, options_.window_max);
+    return done_total_ - done_when_written + entries_after > options_.window_max;
+  }
 
  private:
   enum class State : uint8_t { kInFlight, kWaiting, kDone };

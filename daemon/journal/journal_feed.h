@@ -1,7 +1,8 @@
 // JournalFeed: the forwarder's side of the journal (forwarder.h). It reads
 // the posts to publish, new ones from the watermark on and single posts
 // again for a republish; it gives up damaged segments; and it keeps the
-// checkpoint: the watermark written into it when it moves, synced every
+// checkpoint: the watermark written into it (when the caller says so, see
+// PublishWindow::WatermarkWriteDue), written and synced every
 // checkpoint_interval_ms, after which the confirmed segments are deleted.
 // It knows nothing of the broker: the caller says where the watermark is.
 //
@@ -130,7 +131,8 @@ class JournalFeed {
   // the oldest damage not yet set aside if that is earlier.
   JournalPosition Storable(JournalPosition w) const;
   // Writes Storable(w) into the checkpoint (no sync) if it moved: call it
-  // whenever confirms moved the watermark, before publishing more.
+  // before publishing more when a crash could otherwise publish again more
+  // than a window (PublishWindow::WatermarkWriteDue).
   void WriteWatermark(JournalPosition w);
   // Every checkpoint_interval (at once with `force`): sets damaged segments
   // before `w` aside, stores and syncs the checkpoint, deletes the segments

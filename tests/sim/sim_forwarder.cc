@@ -192,6 +192,7 @@ Status SimForwarder::Start() {
   wo.retry_delay_max_ms = config_.republish_delay_max_ms;
   wo.seed = seed_ ^ 0x9e3779b97f4a7c15ull;
   window_ = std::make_unique<daemon::PublishWindow>(wo, start);
+  done_when_written_ = 0;
   feed_.Start(start);
   reconnect_at_ = Clock::time_point{};
   idle_at_limit_ = JournalPosition{};
@@ -257,7 +258,10 @@ bool SimForwarder::Pump(Clock::time_point now) {
     LoseConnection(now);
     return false;
   }
-  if (!node_->fs.daemon_dead()) feed_.WriteWatermark(window_->watermark());
+  if (!node_->fs.daemon_dead() && window_->WatermarkWriteDue(done_when_written_, kPublishBatch)) {
+    feed_.WriteWatermark(window_->watermark());
+    done_when_written_ = window_->done_total();
+  }
   bool more = false;
   if (!blocked_) {
     int budget = kPublishBatch;

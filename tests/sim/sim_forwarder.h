@@ -241,6 +241,7 @@ class SimForwarder final : private FakeBroker::Handler, private daemon::JournalF
   uint64_t confirms_this_connection_ = 0;
   Clock::time_point reconnect_at_{};
   JournalPosition idle_at_limit_;
+  uint64_t done_when_written_ = 0;  // as Forwarder's
   uint64_t damaged_reported_ = 0;
   v03::Encoded encoded_;
 };
