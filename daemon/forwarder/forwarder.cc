@@ -35,11 +35,13 @@ constexpr auto kIdleWake = std::chrono::seconds(1);
 // While posts wait for the broker, the path is judged at least this often.
 constexpr auto kPathCheckInterval = milliseconds(200);
 // After a round that published new posts without filling its batch, new
-// commits wake the forwarder no sooner than this: while posts come one by
-// one (one client posting in a loop), each round would otherwise publish
-// one, and cost a wake-up, a write to the broker and a confirm to read per
-// post. A post that comes after a pause is published at once; one in a
-// stream waits at most this long.
+// posts are published no sooner than this: while posts come one by one (one
+// client posting in a loop), each round would otherwise publish one, and
+// cost a wake-up, a write to the broker and a confirm to read per post. A
+// post that comes after a pause is published at once; one in a stream waits
+// at most this long. Only commits that came within the gap are waited for
+// (a timer for its end); with none, the next commit wakes the forwarder, so
+// that a post on its own costs no wake-up at the end of the gap.
 constexpr auto kRoundGap = std::chrono::microseconds(500);
 // How long shutdown spends counting what is left unconfirmed.
 constexpr auto kStopCountBudget = milliseconds(1000);
@@ -373,11 +375,14 @@ bool Forwarder::Pump(Clock::time_point now) {
       }
       --budget;
     }
-    // Then new ones. Drain the eventfd before reading the committed end, so
+    // Then new ones, not within the gap after a round that published some
+    // (kRoundGap). Drain the eventfd before reading the committed end, so
     // that a commit after the read wakes the next poll.
     commits_->Drain();
     const JournalPosition limit = commits_->committed();
-    while (budget > 0 && !warming_ && window_->CanPublishNew()) {
+    const bool new_ones = now >= new_round_at_;
+    bool published_new = false;
+    while (new_ones && budget > 0 && !warming_ && window_->CanPublishNew()) {
       JournalReader::Entry entry;
       const JournalFeed::Read r = feed_.Next(limit, now, &entry);
       if (r == JournalFeed::Read::kWait) break;
@@ -393,10 +398,12 @@ bool Forwarder::Pump(Clock::time_point now) {
       }
       if (published) {
         --budget;
-        last_new_round_ = now;
+        published_new = true;
       }
     }
     more = budget == 0;
+    // A full round goes on at once: that is a backlog, not a stream.
+    if (published_new) new_round_at_ = more ? now : now + kRoundGap;
   }
   // One write for the round's posts (AmqpSession::AppendPublish).
   if (Status s = session_->Flush(); !s.ok()) {
@@ -532,11 +539,12 @@ void Forwarder::Wait(Clock::time_point now, bool busy) {
       if (window_->CanRepublish()) earlier(window_->next_retry_at());
       // Posts wait: look at the path again soon (broker_path.h).
       if (window_->in_flight() + window_->waiting() > 0) earlier(now + kPathCheckInterval);
-      // New commits matter only when there is room to publish them, and
-      // no sooner than kRoundGap after the last round that published some.
+      // New commits matter only when there is room to publish them. Within
+      // the gap (kRoundGap), those that came wait for its end; with none,
+      // the next one wakes the poll (and then waits for the gap's end).
       if (window_->CanPublishNew()) {
-        if (now < last_new_round_ + kRoundGap) {
-          earlier(last_new_round_ + kRoundGap);
+        if (now < new_round_at_ && commits_->committed() > idle_at_limit_) {
+          earlier(new_round_at_);
         } else {
           fds[n++] = pollfd{commits_->event_fd(), POLLIN, 0};
         }

@@ -351,7 +351,8 @@ class Forwarder final : private AmqpSession::Handler, private JournalFeed::Event
   Clock::time_point connected_at_;
   uint64_t confirms_this_connection_ = 0;
   Clock::time_point reconnect_at_;
-  Clock::time_point last_new_round_;  // the last round that published new posts
+  // New posts are published no sooner than this (kRoundGap in forwarder.cc).
+  Clock::time_point new_round_at_;
   // window_->done_total() when the watermark was last written (WriteWatermark).
   uint64_t done_when_written_ = 0;
   // The reader found nothing more before this limit (since the last seek).
