@@ -235,6 +235,9 @@ def cost_table(c):
                      % f(p.get("count")), f(p.get("p50_ms"), 2),
                      "`true`: " + f(p.get("true_p50_ms"), 2), x(p.get("ratio_p50_to_true")),
                      g.get("process", "")))
+        rows.append(("daemon CPU per post of those processes (one at a time, the daemon idle "
+                     "in between), µs, all threads", f(p.get("daemon_cpu_us_per_post"), 1),
+                     "", "", "not a goal: what a process that posts once costs the daemon"))
     r8 = c.get("ring_8", {})
     if r8:
         rows.append(("ring ingest, 8 producers, posts/s (median; each run)",

@@ -52,6 +52,7 @@ def main():
                            ("socket_cross", "broker_cpu_us_per_post"),
                            ("socket_cross_no_broker", "p50_us"),
                            ("drain", "drain_posts_per_s"), ("process", "p50_ms"),
+                           ("process", "daemon_cpu_us_per_post"),
                            ("ring_8", "journaled_per_s"), ("ring_1", "p50_us")):
             if cost.get(key, {}).get(field) is None:
                 bad.append("cost %s: no %s" % (key, field))
