@@ -43,6 +43,14 @@ constexpr auto kPathCheckInterval = milliseconds(200);
 // (a timer for its end); with none, the next commit wakes the forwarder, so
 // that a post on its own costs no wake-up at the end of the gap.
 constexpr auto kRoundGap = std::chrono::microseconds(500);
+// With posts in flight and room in the window, the broker's socket is not
+// watched: its confirms are read with the next round, at most this long
+// after the last (or a quarter of path_refused_ms / path_silent_ms, if
+// less). Posts that come one at a time, a few ms apart (processes that each
+// post once), then cost the forwarder one wake-up each (its commit's) rather
+// than two (its commit's and its confirm's). WatchesBroker says when the
+// socket is watched all the same.
+constexpr auto kConfirmReadDelay = milliseconds(20);
 // How long shutdown spends counting what is left unconfirmed.
 constexpr auto kStopCountBudget = milliseconds(1000);
 
@@ -72,7 +80,10 @@ Forwarder::Forwarder(const Config& config, int journal_dirfd, CommitChannel* com
       peek_reader_(journal_dirfd),
       connect_backoff_(config.reconnect_delay_initial_ms, config.reconnect_delay_max_ms, seed_),
       path_(BrokerPath::Options{config.path_refused_ms, config.path_silent_ms,
-                                config.path_wait_max_ms}) {
+                                config.path_wait_max_ms}),
+      confirm_read_delay_(std::clamp<milliseconds>(
+          milliseconds(std::min(config.path_refused_ms, config.path_silent_ms) / 4),
+          milliseconds(1), kConfirmReadDelay)) {
   for (const std::string& url : config_.post_broker) {
     BrokerUrl b;
     if (Status s = ParseBrokerUrl(url, &b); !s.ok()) {
@@ -528,7 +539,11 @@ void Forwarder::Wait(Clock::time_point now, bool busy) {
   if (!session_) {
     earlier(reconnect_at_);
   } else {
-    fds[n++] = pollfd{session_->fd(), POLLIN, 0};
+    if (WatchesBroker()) {
+      fds[n++] = pollfd{session_->fd(), POLLIN, 0};
+    } else {
+      earlier(now + confirm_read_delay_);
+    }
     // Wake in time to send a heartbeat (rabbitmq-c sends one when we call
     // it and one is due).
     const int heartbeat_s = session_->heartbeat_s();
@@ -565,6 +580,15 @@ void Forwarder::Wait(Clock::time_point now, bool busy) {
     [[maybe_unused]] ssize_t r = ::read(wake_fd_.get(), &v, sizeof v);
   }
   if (ready > 0 && standby_.open() && fds[standby_at].revents != 0) standby_readable_ = true;
+}
+
+bool Forwarder::WatchesBroker() const {
+  // Anything the broker sends matters at once when nothing is in flight (a
+  // close or a block comes unannounced), while publishing is blocked or
+  // waits for nothing in flight (to swap with the standby), while draining,
+  // and when the window needs its confirms to make room.
+  return window_->in_flight() == 0 || blocked_ || warming_ || mode_.load() == Mode::kDrain ||
+         !window_->CanPublishNew() || window_->in_flight() >= window_->window_max() / 2;
 }
 
 // ---------------------------------------------------------------------------

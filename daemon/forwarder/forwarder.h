@@ -231,6 +231,8 @@ class Forwarder final : private AmqpSession::Handler, private JournalFeed::Event
   std::string ExchangeFor(const BrokerUrl& url) const;
   // Reads frames and publishes a batch; true if more work is ready at once.
   bool Pump(Clock::time_point now);
+  // Whether Wait watches the broker's socket (kConfirmReadDelay).
+  bool WatchesBroker() const;
   // Publishing. A non-ok status is a connection error.
   Status PublishNew(const JournalReader::Entry& entry, bool* published);
   Status Republish(const PublishWindow::Due& due, Clock::time_point now);
@@ -353,6 +355,8 @@ class Forwarder final : private AmqpSession::Handler, private JournalFeed::Event
   Clock::time_point reconnect_at_;
   // New posts are published no sooner than this (kRoundGap in forwarder.cc).
   Clock::time_point new_round_at_;
+  // The longest a confirm waits to be read while the socket is not watched.
+  const std::chrono::milliseconds confirm_read_delay_;
   // window_->done_total() when the watermark was last written (WriteWatermark).
   uint64_t done_when_written_ = 0;
   // The reader found nothing more before this limit (since the last seek).
