@@ -101,9 +101,9 @@ class AmqpSession {
   // Handles every frame that is available without waiting (rabbitmq-c's
   // queued frames and buffered bytes first, then the socket: on plain TCP
   // one read of it, what came later is for the next call, which the
-  // caller's poll of fd() prompts), and sends a heartbeat when one is due. Returns an error when the connection is
-  // unusable (closed by the broker, with its reply code and text; a missed
-  // heartbeat; a socket error).
+  // caller's poll of fd() prompts), and sends a heartbeat when one is due.
+  // Returns an error when the connection is unusable (closed by the broker,
+  // with its reply code and text; a missed heartbeat; a socket error).
   Status ReadFrames(Handler* handler);
 
   // Frames or bytes rabbitmq-c holds that a poll() on fd() would not

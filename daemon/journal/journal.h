@@ -213,14 +213,15 @@ class JournalReader {
   void Seek(JournalPosition pos);
   // The next record before `limit`: true and *entry, or false when there is
   // none yet. `limit` is a committed end: every byte before it was written
-  // (the reader trusts it rather than stat the file). Damage inside a segment is skipped and counted
-  // (skipped_bytes()). A segment that cannot be read at all is a status,
-  // and the reader stays where it was (position() is in that segment):
-  // kCorruption or kUnsupported when its header is damaged, truncated or of
-  // a newer version (a zero-length file after a power loss), which no retry
-  // changes; another code (kIoError: EIO, ...) when reading failed, which a
-  // retry may get past. The message names the segment file. Whether to
-  // retry or SkipSegment() is the caller's decision.
+  // (the reader trusts it rather than stat the file). Damage inside a
+  // segment is skipped and counted (skipped_bytes()). A segment that cannot
+  // be read at all is a status, and the reader stays where it was
+  // (position() is in that segment): kCorruption or kUnsupported when its
+  // header is damaged, truncated or of a newer version (a zero-length file
+  // after a power loss), which no retry changes; another code (kIoError:
+  // EIO, ...) when reading failed, which a retry may get past. The message
+  // names the segment file. Whether to retry or SkipSegment() is the
+  // caller's decision.
   Status Next(JournalPosition limit, Entry* entry, bool* got);
   // Gives up on the rest of the segment at position(): moves to the start of
   // the next one. For a segment that cannot be read.
