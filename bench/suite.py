@@ -83,6 +83,13 @@ def task_cpu_s(pid, tid):
         return int(f.read().split()[0]) / 1e9
 
 
+def cpu_delta(before, after):
+    """{thread: CPU seconds} spent between two Daemon.threads_cpu_s()
+    readings: a thread started in between counts whole, one that ended is
+    left out (its last reading is gone)."""
+    return {k: after.get(k, 0) - before.get(k, 0) for k in after}
+
+
 def ratio(a, b):
     return a / b if a is not None and b not in (None, 0) else None
 
@@ -433,8 +440,7 @@ class Suite:
                             # (ingest, adoption, forwarding).
                             d.wait_confirmed(target, 120)
                             after_cpu = d.threads_cpu_s()
-                            r["daemon_cpu_s"] = {k: after_cpu.get(k, 0) - before_cpu.get(k, 0)
-                                                 for k in after_cpu}
+                            r["daemon_cpu_s"] = cpu_delta(before_cpu, after_cpu)
                             total = sum(r["daemon_cpu_s"].values())
                             r["daemon_cpu_us_per_post"] = total / ok * 1e6 if ok else None
                             cpu_per_post.append(r["daemon_cpu_us_per_post"])
@@ -767,7 +773,7 @@ class Suite:
                         out["status_during_drain"] = self.status_text(d)
                 time.sleep(0.1)
             cpu1 = d.threads_cpu_s()
-            out["daemon_cpu_s_during_drain"] = {k: cpu1.get(k, 0) - cpu0.get(k, 0) for k in cpu1}
+            out["daemon_cpu_s_during_drain"] = cpu_delta(cpu0, cpu1)
             forwarder = sum(v for k, v in out["daemon_cpu_s_during_drain"].items()
                             if k.startswith("ps-forwarder"))
             out["forwarder_cpu_us_per_post"] = forwarder / target * 1e6 if done and target \
@@ -841,7 +847,7 @@ class Suite:
                     if broker:
                         d.wait_confirmed(before + r.get("ok", 0), 120)
                     cpu1, b1 = d.threads_cpu_s(), self.broker.cpu_s()
-                    r["daemon_cpu_s"] = {k: cpu1.get(k, 0) - cpu0.get(k, 0) for k in cpu1}
+                    r["daemon_cpu_s"] = cpu_delta(cpu0, cpu1)
                     ok = r.get("ok", 0)
                     cpu.append(sum(r["daemon_cpu_s"].values()) / ok * 1e6 if ok else None)
                     # The broker's CPU for the same posts, until it confirmed them.
@@ -894,22 +900,24 @@ class Suite:
         try:
             post, true = [], []
             confirmed0 = d.metrics().get("confirmed_total", 0)
-            cpu0 = sum(d.threads_cpu_s().values())
+            cpu0 = d.threads_cpu_s()
             for i in range(sz["spawn"]):
                 true.append(spawn_ms(["true"]))
                 post.append(spawn_ms([self.a.cli, "post", "--socket", d.socket_path,
                                       "--spool-dir", d.spool_dir, "--rel-path",
                                       "data/job/file%06d.nc" % i]))
             time.sleep(0.2)
-            cpu = sum(d.threads_cpu_s().values()) - cpu0
+            daemon_cpu = cpu_delta(cpu0, d.threads_cpu_s())
             confirmed = d.wait_confirmed(confirmed0 + sz["spawn"], 30)
             post.sort()
             true.sort()
             out["process"] = {"count": sz["spawn"], "p50_ms": pct(post, 50),
                               "true_p50_ms": pct(true, 50),
                               "ratio_p50_to_true": ratio(pct(post, 50), pct(true, 50)),
+                              "daemon_cpu_s": daemon_cpu,
                               "daemon_cpu_us_per_post":
-                                  cpu / sz["spawn"] * 1e6 if confirmed else None}
+                                  sum(daemon_cpu.values()) / sz["spawn"] * 1e6
+                                  if confirmed else None}
             if not confirmed:
                 log("warning: the posts of `postspool post` were not all confirmed in 30 s")
         finally:
