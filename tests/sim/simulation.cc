@@ -124,6 +124,11 @@ struct PostInfo {
   // lane was scribbled over, or tmpfs went with a power loss).
   bool ring = false;
   bool ring_excused = false;
+  // Its lane's header was scribbled over after it was published: the
+  // daemon may take what is left of the lane's old records for new ones
+  // (a lane reset while its producer still writes, a tail moved forward)
+  // and journal it again. Exempt from ring_journaled_once only.
+  bool ring_reread_excused = false;
   uint64_t incarnation = 0;
 };
 
@@ -145,6 +150,7 @@ struct DaemonProcess {
   std::unique_ptr<SimIoLoop> loop;
   std::unique_ptr<SimRingPort> rings;
   bool stopping = false;
+  uint64_t journal_errors_at_stop = 0;  // the Ingest's, at SIGTERM
   bool draining = false;  // the ingest is done; the forwarder drains
   Clock::time_point drain_deadline{};
   JournalPosition drain_target;
@@ -330,6 +336,8 @@ class World {
   void CheckDamagedSegmentsKept(const std::string& when);
   // Posts published into a lane and maybe not journaled yet (end, id).
   std::map<LaneKey, std::deque<std::pair<uint64_t, PostId>>> lane_posts_;
+  // The last ids published into each lane, journaled or not (ring_reread_excused).
+  std::map<LaneKey, std::deque<PostId>> lane_history_;
   // Lanes where a producer died after its tail store and before its
   // doorbell, since the daemon last walked the lanes: nothing wakes the
   // loop for them (rings that sleep stay so across rounds that no doorbell
@@ -1039,6 +1047,9 @@ void World::NotePublished(LaneKey k, uint64_t end, PostId id) {
   const uint64_t head = r.valid() ? r.head(k.second).load(std::memory_order_relaxed) : 0;
   while (!q.empty() && (q.front().first <= head || q.size() > 4096)) q.pop_front();
   q.emplace_back(end, id);
+  auto& h = lane_history_[k];
+  if (h.size() == 4096) h.pop_front();
+  h.push_back(id);
   if (tainted_.count(k) != 0) posts_[id].ring_excused = true;
 }
 
@@ -1075,6 +1086,9 @@ void World::ScribbleRing() {
     p.ring_excused = true;
   }
   lane_posts_[k].clear();
+  if (header) {
+    for (const PostId& id : lane_history_[k]) posts_[id].ring_reread_excused = true;
+  }
   std::set<uint32_t> holders;
   for (const auto& pr : producers_) {
     if (pr->holds(k)) holders.insert(pr->index());
@@ -1193,7 +1207,9 @@ void World::CheckRingPosts() {
     if (!p.ring || p.ring_excused || p.damaged) continue;
     auto l = ledger.find(id);
     if (l == ledger.end() || l->second.positions.empty()) continue;  // drains reports it
-    if (l->second.positions.size() > 1) {
+    if (l->second.positions.size() > 1 && p.ring_reread_excused) {
+      stats_.Fault("exempt.ring_journaled_again_after_header_scribble");
+    } else if (l->second.positions.size() > 1) {
       // A crash between the journal write and the head's move reads the
       // lane again; the dedupe set (its window and the two newest segments
       // a restart remembers) must catch it.
@@ -1551,6 +1567,7 @@ void World::Crash() {
     }
     stats_.Fault("exempt.ring_posts_lost_with_power", lost);
     lane_posts_.clear();
+    lane_history_.clear();
     tainted_.clear();
     scribbled_.clear();
     quiet_lanes_.clear();
@@ -1896,7 +1913,14 @@ void World::Round(bool producing) {
     bool run = true;
     // With no write in flight, no lane is in a batch: every lane the
     // ingest may read is read to its tail and journaled to it.
-    if (dp_->rings->asleep_unrung() && !dp_->loop->HasIo()) CheckRingsNotStranded();
+    // Not once a journal write failed after SIGTERM: a stopping daemon does
+    // not retry the journal, and leaves what the write held in the lanes
+    // for the next start (Ingest::RingsFailed).
+    if (dp_->rings->asleep_unrung() && !dp_->loop->HasIo() &&
+        !(dp_->stopping &&
+          dp_->metrics.journal_write_errors_total.load() > dp_->journal_errors_at_stop)) {
+      CheckRingsNotStranded();
+    }
     if (dp_->rings->asleep_unrung() && !dp_->loop->HasEvents() && !node_.spool_changed &&
         !dp_->stopping) {
       if (now - last_daemon_round_ < kRoundTimeout) {
@@ -1941,6 +1965,7 @@ void World::Round(bool producing) {
   if (faults_on_ && !dp_->stopping && rng_.Ppm(clean_stop_per_round_ppm_)) {
     Trace("SIGTERM");
     dp_->stopping = true;
+    dp_->journal_errors_at_stop = dp_->metrics.journal_write_errors_total.load();
     dp_->ingest->Stop();
   }
 }
