@@ -1,6 +1,7 @@
 #include "ingest.h"
 
 #include <algorithm>
+#include <cassert>
 
 #include <cstdarg>
 #include <cstdio>
@@ -289,19 +290,46 @@ Status Ingest::Stamp(std::span<const std::byte> payload, uid_t uid, std::optiona
   return Status::Ok();
 }
 
-bool Ingest::SendAck(int fd, uint32_t gen, const wire::Ack& ack) {
+void Ingest::SendAck(int fd, uint32_t gen, const wire::Ack& ack,
+                     std::span<const PostId> journaled) {
+  const uint64_t cookie = sent_first_ + sent_.size();
+  sent_.push_back(SentAck{fd, gen, sent_ids_first_ + sent_ids_.size(),
+                          static_cast<uint32_t>(journaled.size()), false});
+  sent_ids_.insert(sent_ids_.end(), journaled.begin(), journaled.end());
   auto it = conns_.find(fd);
-  if (it == conns_.end() || it->second.gen != gen) return false;  // that client is gone
+  // That client is gone: reported as not sent, at once.
+  if (it == conns_.end() || it->second.gen != gen) return OnSent(cookie, false);
   std::array<std::byte, wire::kAckBytes> raw;
   wire::EncodeAck(ack, raw);
-  if (!loop_->Send(fd, raw)) {
-    // The client does not read its acks, is gone, or gave up on this one
-    // (it shut its reading side: EPIPE): drop it. Its posts are journaled,
-    // and it spools them too (BatchCommitted remembers their ids).
-    loop_->RemoveConnection(fd);
-    return false;
+  loop_->Send(fd, raw, cookie);
+}
+
+void Ingest::OnSent(uint64_t cookie, bool sent) {
+  assert(cookie - sent_first_ < sent_.size());
+  SentAck& s = sent_[cookie - sent_first_];
+  s.reported = true;
+  if (!sent) AckUndelivered(s);
+  while (!sent_.empty() && sent_.front().reported) {
+    sent_ids_.erase(sent_ids_.begin(), sent_ids_.begin() + sent_.front().ids);
+    sent_ids_first_ += sent_.front().ids;
+    sent_.pop_front();
+    ++sent_first_;
   }
-  return true;
+}
+
+void Ingest::AckUndelivered(const SentAck& s) {
+  // The client does not read its acks, is gone, or gave up on this one (it
+  // shut its reading side: EPIPE): drop it.
+  if (auto it = conns_.find(s.fd); it != conns_.end() && it->second.gen == s.gen) {
+    loop_->RemoveConnection(s.fd);
+  }
+  if (s.ids == 0) return;
+  // Journaled, but the client did not get its acknowledgement: it spools
+  // these posts (or did already), and their spooled copies may come long
+  // after recent_ids_ forgot them.
+  metrics_->socket_acks_undelivered_total.fetch_add(1, std::memory_order_relaxed);
+  const auto first = sent_ids_.begin() + static_cast<ptrdiff_t>(s.ids_begin - sent_ids_first_);
+  for (auto id = first; id != first + s.ids; ++id) late_ids_.Add(*id);
 }
 
 // ---------------------------------------------------------------------------
@@ -421,14 +449,8 @@ void Ingest::OnIoDone(uint64_t cookie, int64_t result) {
 
 void Ingest::AcknowledgeWriting() {
   for (const PendingAck& a : writing_.acks) {
-    if (SendAck(a.fd, a.gen, wire::Ack{wire::AckStatus::kAccepted, a.request_id, a.records})) {
-      continue;
-    }
-    // Journaled, but the client did not get its acknowledgement: it spools
-    // these posts (or did already), and their spooled copies may come long
-    // after recent_ids_ forgot them.
-    metrics_->socket_acks_undelivered_total.fetch_add(1, std::memory_order_relaxed);
-    late_ids_.AddAll(std::span(writing_.ids).subspan(a.first_id, a.taken));
+    SendAck(a.fd, a.gen, wire::Ack{wire::AckStatus::kAccepted, a.request_id, a.records},
+            std::span(writing_.ids).subspan(a.first_id, a.taken));
   }
 }
 

@@ -21,6 +21,7 @@
 
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -98,6 +99,7 @@ class Ingest final : public IoCallbacks {
   void OnConnectionClosed(int fd, int error) override;
   void OnReadable(int fd) override;
   void OnIoDone(uint64_t cookie, int64_t result) override;
+  void OnSent(uint64_t cookie, bool sent) override;
   void OnRoundEnd() override;
 
  private:
@@ -159,9 +161,16 @@ class Ingest final : public IoCallbacks {
   void HandleRequest(int fd, const Conn& conn, std::span<const std::byte> packet, bool truncated);
   void Refuse(int fd, const Conn& conn, const wire::RequestHeader* header, wire::AckStatus status,
               Metrics::Counter* counter, const char* why);
-  // False if the acknowledgement did not reach the client's socket (the
-  // client is gone, or gave up on it: DaemonSocket::AwaitAck).
-  bool SendAck(int fd, uint32_t gen, const wire::Ack& ack);
+  // Hands an acknowledgement to the loop, which sends it with the round's
+  // others and reports it (OnSent). `journaled`: the ids of the posts it
+  // acknowledges as journaled, remembered in late_ids_ if it does not reach
+  // the client's socket (the client is gone, or gave up on it:
+  // DaemonSocket::AwaitAck), which then spools them.
+  void SendAck(int fd, uint32_t gen, const wire::Ack& ack,
+               std::span<const PostId> journaled = {});
+  // An acknowledgement that did not reach its client.
+  struct SentAck;
+  void AckUndelivered(const SentAck& s);
   // Sends the accepted acknowledgements of writing_ (journaled, or all of
   // its records were already).
   void AcknowledgeWriting();
@@ -216,6 +225,22 @@ class Ingest final : public IoCallbacks {
   std::vector<std::byte> stamp_buffer_;
   std::function<void(Clock::time_point)> round_hook_;
   std::unordered_map<int, std::function<void()>> readable_;
+
+  // Acknowledgements handed to the loop and not yet reported, in the order
+  // they were sent (the cookie of sent_[i] is sent_first_ + i), and the ids
+  // of the posts they acknowledge as journaled (sent_ids_[k] is the
+  // (sent_ids_first_ + k)-th such id): a round's worth.
+  struct SentAck {
+    int fd;
+    uint32_t gen;
+    uint64_t ids_begin;
+    uint32_t ids;
+    bool reported;
+  };
+  std::deque<SentAck> sent_;
+  uint64_t sent_first_ = 0;
+  std::deque<PostId> sent_ids_;
+  uint64_t sent_ids_first_ = 0;
 
   std::unordered_map<int, Conn> conns_;
   std::unordered_map<uid_t, uint32_t> conns_of_;

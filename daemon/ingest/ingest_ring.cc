@@ -24,7 +24,6 @@ constexpr auto kOwnerCheckInterval = std::chrono::seconds(1);
 
 void Ingest::HandleRingRequest(int fd, const Conn& conn, const wire::RequestHeader& h) {
   metrics_->ring_requests_total.fetch_add(1, std::memory_order_relaxed);
-  std::array<std::byte, wire::kAckBytes> raw;
   int shm_id = -1;
   Status s = ports_.rings == nullptr ? Status(StatusCode::kUnsupported, "rings are off")
              : stopping_             ? Status(StatusCode::kUnsupported, "stopping")
@@ -34,8 +33,7 @@ void Ingest::HandleRingRequest(int fd, const Conn& conn, const wire::RequestHead
     LogLimited(&ring_limiter_, LogLevel::kInfo, "ring: none for pid %d (uid %u): %s",
                static_cast<int>(conn.peer.pid), static_cast<unsigned>(conn.peer.uid),
                s.message().c_str());
-    wire::EncodeAck(wire::Ack{wire::AckStatus::kUnavailable, h.request_id, 0}, raw);
-    if (!loop_->Send(fd, raw)) loop_->RemoveConnection(fd);
+    SendAck(fd, conn.gen, wire::Ack{wire::AckStatus::kUnavailable, h.request_id, 0});
     return;
   }
   SyncRingCursors();
@@ -45,9 +43,8 @@ void Ingest::HandleRingRequest(int fd, const Conn& conn, const wire::RequestHead
   // A new ring's doorbell says "awake" until its lanes were walked and the
   // loop went to sleep again: this round walks them.
   rings_changed_ = true;
-  wire::EncodeAck(wire::Ack{wire::AckStatus::kAccepted, h.request_id, 0, static_cast<uint32_t>(shm_id)},
-                  raw);
-  if (!loop_->Send(fd, raw)) loop_->RemoveConnection(fd);
+  SendAck(fd, conn.gen,
+          wire::Ack{wire::AckStatus::kAccepted, h.request_id, 0, static_cast<uint32_t>(shm_id)});
 }
 
 void Ingest::SyncRingCursors() {

@@ -1,6 +1,6 @@
 // The epoll backend of IoLoop: readiness plus plain system calls. Writes and
 // syncs run synchronously when submitted; their completions are delivered in
-// the next round, as io_uring would deliver them.
+// the next round, as io_uring would deliver them; so are sends.
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -60,7 +60,10 @@ class EpollLoop final : public IoLoop {
 
   Status Watch(int fd) override { return Add(kWatched, fd); }
 
-  bool Send(int fd, std::span<const std::byte> packet) override { return SendPacket(fd, packet); }
+  // At once, with send(2); reported in the next round.
+  void Send(int fd, std::span<const std::byte> packet, uint64_t cookie) override {
+    sent_.push_back({cookie, SendPacket(fd, packet)});
+  }
 
   void Close(int fd) override { ::close(fd); }
 
@@ -81,7 +84,7 @@ class EpollLoop final : public IoLoop {
 
   Status RunOnce(int timeout_ms) override {
     epoll_event events[kEventsPerRound];
-    if (!done_.empty() || !closed_.empty()) timeout_ms = 0;
+    if (!done_.empty() || !closed_.empty() || !sent_.empty()) timeout_ms = 0;
     if (accept_paused_) {
       const auto now = std::chrono::steady_clock::now();
       if (!accept_pause_.paused(now)) {
@@ -108,6 +111,11 @@ class EpollLoop final : public IoLoop {
       const auto d = done_.front();
       done_.pop_front();
       callbacks_->OnIoDone(d.cookie, d.result);
+    }
+    while (!sent_.empty()) {
+      const auto d = sent_.front();
+      sent_.pop_front();
+      callbacks_->OnSent(d.cookie, d.sent);
     }
     while (!closed_.empty()) {
       const auto c = closed_.front();
@@ -191,6 +199,11 @@ class EpollLoop final : public IoLoop {
   std::vector<std::byte> buffer_;
   std::deque<Done> done_;
   std::deque<Closed> closed_;
+  struct Sent {
+    uint64_t cookie;
+    bool sent;
+  };
+  std::deque<Sent> sent_;
   std::unordered_set<int> removed_;
   AcceptPause accept_pause_;
   bool accept_paused_ = false;

@@ -54,6 +54,11 @@ class IoCallbacks {
   // A write or sync submitted with `cookie` completed: `result` is the byte
   // count (writes), 0 (syncs) or -errno.
   virtual void OnIoDone(uint64_t cookie, int64_t result) = 0;
+  // The packet given to Send with `cookie` went out whole (`sent`), or not:
+  // the client does not read (its receive buffer is full), is gone, or shut
+  // its reading side. Every Send is reported once, from RunOnce (never from
+  // inside Send).
+  virtual void OnSent(uint64_t cookie, bool sent) = 0;
   // Every event of one round has been delivered: the group-commit point.
   virtual void OnRoundEnd() = 0;
 };
@@ -71,11 +76,16 @@ class IoLoop {
   virtual Status AddConnection(int fd) = 0;
   // Stops receiving; OnConnectionClosed(fd, 0) follows in a later round.
   virtual void RemoveConnection(int fd) = 0;
-  // Sends one packet on a connection without waiting (MSG_DONTWAIT,
-  // MSG_NOSIGNAL); false unless all of it was sent.
-  virtual bool Send(int fd, std::span<const std::byte> packet) = 0;
+  // Sends one packet (at most kSendBytesMax) on a connection without
+  // waiting (MSG_DONTWAIT, MSG_NOSIGNAL), and reports it with
+  // OnSent(cookie, ...). The packet is copied; it goes out by the time the
+  // loop next waits for events, with the round's other packets (io_uring:
+  // one io_uring_enter for all of them and the wait, instead of one send(2)
+  // each).
+  virtual void Send(int fd, std::span<const std::byte> packet, uint64_t cookie) = 0;
+  static constexpr size_t kSendBytesMax = 64;
   // Closes a connection descriptor: one refused in OnAccept, or one reported
-  // by OnConnectionClosed.
+  // by OnConnectionClosed. A packet sent on it before goes out first.
   virtual void Close(int fd) = 0;
   // Reports readability of `fd` (level-triggered: OnReadable again until
   // the callee drained it).

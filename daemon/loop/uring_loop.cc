@@ -13,6 +13,11 @@
 // CPU). A write into the page cache takes microseconds; an fdatasync, which
 // waits for the device, still goes through the ring.
 //
+// Acknowledgements are sends in the ring (MSG_DONTWAIT: issued at once when
+// submitted, never parked waiting for room): a round's acks and the wait for
+// the next events are one io_uring_enter, where each was a send(2) of its
+// own (8 socket clients: 13.2 -> 11.2 us of daemon CPU per post).
+//
 // Every submission's user_data names its operation and, for per-connection
 // operations, the connection's generation: a completion that arrives after
 // the connection was removed (and its fd number reused) is recognised as
@@ -23,10 +28,12 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include <array>
 #include <cassert>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <vector>
 
 #include "background_worker.h"
@@ -39,7 +46,7 @@ namespace {
 
 enum Op : uint64_t {
   kAccept = 1, kRecv = 2, kPoll = 3, kSync = 5, kCancel = 6, kAcceptResume = 7,
-  kTasksDone = 8
+  kTasksDone = 8, kSend = 9
 };
 
 constexpr uint64_t UserData(Op op, uint32_t gen, int fd) {
@@ -69,6 +76,7 @@ class UringLoop final : public IoLoop {
       : options_(options), callbacks_(callbacks), accept_pause_(options.accept_pause_ms) {}
 
   ~UringLoop() override {
+    if (ring_ready_ && sends_unsubmitted_ > 0) io_uring_submit(&ring_);  // the last acks go out
     if (ring_ready_) io_uring_queue_exit(&ring_);
     if (buf_ring_ != nullptr) ::munmap(buf_ring_, buf_ring_bytes_);
     if (buffers_ != nullptr) ::munmap(buffers_, buffer_bytes_ * kBufferCount);
@@ -102,7 +110,7 @@ class UringLoop final : public IoLoop {
     io_uring_probe* probe = io_uring_get_probe_ring(&ring_);
     if (probe == nullptr) return Status(StatusCode::kUnsupported, "io_uring probe failed");
     bool ok = true;
-    for (int op : {IORING_OP_ACCEPT, IORING_OP_RECV, IORING_OP_FSYNC,
+    for (int op : {IORING_OP_ACCEPT, IORING_OP_RECV, IORING_OP_SEND, IORING_OP_FSYNC,
                    IORING_OP_POLL_ADD, IORING_OP_ASYNC_CANCEL, IORING_OP_PROVIDE_BUFFERS}) {
       ok = ok && io_uring_opcode_supported(probe, op);
     }
@@ -186,9 +194,35 @@ class UringLoop final : public IoLoop {
     return Status::Ok();
   }
 
-  bool Send(int fd, std::span<const std::byte> packet) override { return SendPacket(fd, packet); }
+  void Send(int fd, std::span<const std::byte> packet, uint64_t cookie) override {
+    assert(packet.size() <= kSendBytesMax);
+    uint32_t slot;
+    if (!free_slots_.empty()) {
+      slot = free_slots_.back();
+      free_slots_.pop_back();
+    } else {
+      slot = static_cast<uint32_t>(send_slots_.size());
+      send_slots_.emplace_back();  // a deque: the others' bytes stay where they are
+    }
+    SendSlot& s = send_slots_[slot];
+    s.cookie = cookie;
+    std::memcpy(s.bytes.data(), packet.data(), packet.size());
+    // MSG_DONTWAIT: a full receive buffer fails the send (EAGAIN) at once,
+    // as send(2) did, instead of io_uring waiting for room.
+    io_uring_prep_send(Sqe(), fd, s.bytes.data(), packet.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    io_uring_sqe_set_data64(last_sqe_, CookieData(kSend, (uint64_t{slot} << 8) | packet.size()));
+    ++sends_unsubmitted_;
+  }
 
-  void Close(int fd) override { ::close(fd); }
+  void Close(int fd) override {
+    // A send on this descriptor that is still in the submission queue would
+    // find it closed (or, once the number is reused, another connection).
+    if (sends_unsubmitted_ > 0) {
+      io_uring_submit(&ring_);
+      sends_unsubmitted_ = 0;
+    }
+    ::close(fd);
+  }
 
   void SubmitWrite(int fd, const std::byte* data, size_t bytes, uint64_t offset,
                    uint64_t cookie) override {
@@ -211,12 +245,17 @@ class UringLoop final : public IoLoop {
     io_uring_cqe* cqe = nullptr;
     int rc;
     if (!written_.empty()) timeout_ms = 0;  // a completion waits for delivery
+    // The sends submitted here complete at once, each with a completion of
+    // its own: wait for one more, the next event (else a round's acks would
+    // end its wait and cost an empty round each time).
+    const unsigned wait_nr = 1 + (io_uring_cq_ready(&ring_) == 0 ? sends_unsubmitted_ : 0);
     if (timeout_ms < 0) {
-      rc = io_uring_submit_and_wait(&ring_, 1);
+      rc = io_uring_submit_and_wait(&ring_, wait_nr);
     } else {
       __kernel_timespec ts{timeout_ms / 1000, (timeout_ms % 1000) * 1000000LL};
-      rc = io_uring_submit_and_wait_timeout(&ring_, &cqe, 1, &ts, nullptr);
+      rc = io_uring_submit_and_wait_timeout(&ring_, &cqe, wait_nr, &ts, nullptr);
     }
+    sends_unsubmitted_ = 0;
     if (rc < 0 && rc != -ETIME && rc != -EINTR && rc != -EBUSY) {
       return Status(StatusCode::kIoError, std::string("io_uring_submit_and_wait: ") +
                                               std::strerror(-rc));
@@ -264,6 +303,7 @@ class UringLoop final : public IoLoop {
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
     while (sqe == nullptr) {
       io_uring_submit(&ring_);
+      sends_unsubmitted_ = 0;
       sqe = io_uring_get_sqe(&ring_);
     }
     last_sqe_ = sqe;
@@ -379,6 +419,14 @@ class UringLoop final : public IoLoop {
         }
         if (!(flags & IORING_CQE_F_MORE) && res != -ECANCELED) ArmTasksDone();
         return;
+      case kSend: {
+        const uint64_t c = CookieOf(ud);
+        const uint32_t slot = static_cast<uint32_t>(c >> 8);
+        const uint64_t cookie = send_slots_[slot].cookie;
+        free_slots_.push_back(slot);
+        callbacks_->OnSent(cookie, res == static_cast<int32_t>(c & 0xff));
+        return;
+      }
       case kCancel:
         return;  // the cancelled operation reports itself
     }
@@ -405,6 +453,15 @@ class UringLoop final : public IoLoop {
   // gone.
   BackgroundWorker worker_;
   size_t tasks_outstanding_ = 0;
+  // The packets of sends in flight: the kernel reads them when the send is
+  // issued, at the next submission. A slot is free again at the completion.
+  struct SendSlot {
+    uint64_t cookie = 0;
+    std::array<std::byte, kSendBytesMax> bytes;
+  };
+  std::deque<SendSlot> send_slots_;
+  std::vector<uint32_t> free_slots_;
+  unsigned sends_unsubmitted_ = 0;  // sends in the SQ, not yet submitted
 };
 
 }  // namespace

@@ -36,19 +36,27 @@ void SimIoLoop::RemoveConnection(int fd) {
   s->remove_requested = true;
 }
 
-bool SimIoLoop::Send(int fd, std::span<const std::byte> packet) {
-  if (node_->fs.daemon_dead()) return false;  // a dead process sends nothing
+void SimIoLoop::Send(int fd, std::span<const std::byte> packet, uint64_t cookie) {
+  assert(packet.size() <= kSendBytesMax);
+  if (node_->fs.daemon_dead()) return;  // a dead process sends nothing, and hears nothing
   SimSocket* s = SocketOf(fd);
   assert(s != nullptr);
   ++work_.sends;
-  if (s->client_closed) return false;
-  if (s->to_client.size() >= s->to_client_max) return false;
-  if (rng_.Ppm(options_.send_full_ppm)) {
-    stats_->Fault("loop.send.buffer_full");
-    return false;
+  // The client closed, or does not read; or a fault: its buffer is full.
+  const bool refused = s->client_closed || s->to_client.size() >= s->to_client_max;
+  const bool full = !refused && rng_.Ppm(options_.send_full_ppm);
+  if (full) stats_->Fault("loop.send.buffer_full");
+  const bool sent = !refused && !full;
+  if (sent) s->to_client.emplace_back(packet.begin(), packet.end());
+  sent_.push_back({cookie, sent});
+}
+
+void SimIoLoop::ReportSent() {
+  while (!sent_.empty() && !node_->fs.daemon_dead()) {
+    const auto [cookie, sent] = sent_.front();
+    sent_.pop_front();
+    callbacks_->OnSent(cookie, sent);
   }
-  s->to_client.emplace_back(packet.begin(), packet.end());
-  return true;
 }
 
 void SimIoLoop::Close(int fd) {
@@ -106,10 +114,11 @@ void SimIoLoop::CrashInFlight() {
     (void)node_->fs.Write(Actor::kClient, io.ino, io.offset, std::span(io.data, n));
   }
   io_.clear();
+  sent_.clear();
 }
 
 bool SimIoLoop::HasEvents() const {
-  if (!io_.empty() || (!node_->backlog.empty() && node_->listening)) return true;
+  if (!io_.empty() || !sent_.empty() || (!node_->backlog.empty() && node_->listening)) return true;
   for (const auto& [id, s] : node_->sockets) {
     if (s.daemon_fd < 0 || s.close_reported) continue;
     if (s.remove_requested) return true;
@@ -123,6 +132,10 @@ Status SimIoLoop::RunOnce(int timeout_ms) {
   ++round_;
   work_ = RoundWork{};
   SimFs& fs = node_->fs;
+  // The sends of earlier rounds are reported before this round's events or
+  // after them (the real loop's completions come in no fixed order).
+  const bool sent_first = rng_.OneIn(2);
+  if (sent_first) ReportSent();
   // Accepts.
   if (!node_->backlog.empty() && rng_.Ppm(options_.accept_error_ppm)) {
     stats_->Fault("loop.accept.emfile");
@@ -172,6 +185,7 @@ Status SimIoLoop::RunOnce(int timeout_ms) {
       callbacks_->OnConnectionClosed(fd, 0);
     }
   }
+  if (!sent_first) ReportSent();
   // I/O completions.
   std::deque<Io> later;
   while (!io_.empty() && !fs.daemon_dead()) {

@@ -6,7 +6,8 @@
 // another call, as the real loops promise.
 //
 // Send() puts the ack in the client's receive buffer, or fails when the
-// client closed or its buffer is full (a client that does not read).
+// client closed or its buffer is full (a client that does not read); the
+// next round reports it (OnSent), before or after its other events.
 //
 // Counts what the Ingest asks of it per round, for the bounded-work check.
 #pragma once
@@ -45,7 +46,7 @@ class SimIoLoop final : public daemon::IoLoop {
   void StopListening() override;
   Status AddConnection(int fd) override;
   void RemoveConnection(int fd) override;
-  bool Send(int fd, std::span<const std::byte> packet) override;
+  void Send(int fd, std::span<const std::byte> packet, uint64_t cookie) override;
   void Close(int fd) override;
   Status Watch(int fd) override;
   void SubmitWrite(int fd, const std::byte* data, size_t bytes, uint64_t offset,
@@ -80,6 +81,7 @@ class SimIoLoop final : public daemon::IoLoop {
     std::function<int64_t()> task;  // set: a task, not a write or sync
   };
   SimSocket* SocketOf(int fd);
+  void ReportSent();
 
   SimNode* node_;
   daemon::IoCallbacks* callbacks_;
@@ -88,6 +90,7 @@ class SimIoLoop final : public daemon::IoLoop {
   Options options_;
   uint64_t round_ = 0;
   std::deque<Io> io_;
+  std::deque<std::pair<uint64_t, bool>> sent_;  // sends to report: cookie, whether it went out
   RoundWork work_;
 };
 
