@@ -1,6 +1,7 @@
 // The epoll backend of IoLoop: readiness plus plain system calls. Writes and
 // syncs run synchronously when submitted; their completions are delivered in
-// the next round, as io_uring would deliver them; so are sends.
+// the next round, as io_uring would deliver them; sends are reported the
+// same way.
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -60,7 +61,7 @@ class EpollLoop final : public IoLoop {
 
   Status Watch(int fd) override { return Add(kWatched, fd); }
 
-  // At once, with send(2); reported in the next round.
+  // At once, with send(2); reported by RunOnce after its events.
   void Send(int fd, std::span<const std::byte> packet, uint64_t cookie) override {
     sent_.push_back({cookie, SendPacket(fd, packet)});
   }

@@ -6,8 +6,8 @@
 // another call, as the real loops promise.
 //
 // Send() puts the ack in the client's receive buffer, or fails when the
-// client closed or its buffer is full (a client that does not read); the
-// next round reports it (OnSent), before or after its other events.
+// client closed or its buffer is full (a client that does not read); a
+// RunOnce reports it later (OnSent), before or after that round's events.
 //
 // Counts what the Ingest asks of it per round, for the bounded-work check.
 #pragma once
