@@ -334,9 +334,11 @@ class World {
   // were not remembered (Daemon::RememberJournaledIds).
   std::set<uint64_t> unremembered_segments_;
   void CheckDamagedSegmentsKept(const std::string& when);
-  // Posts published into a lane and maybe not journaled yet (end, id).
+  // Posts published into a lane and maybe not journaled yet (end, id), and
+  // the last ids published into each lane, journaled or not
+  // (ring_reread_excused): at most kLanePostsKept per lane.
+  static constexpr size_t kLanePostsKept = 4096;
   std::map<LaneKey, std::deque<std::pair<uint64_t, PostId>>> lane_posts_;
-  // The last ids published into each lane, journaled or not (ring_reread_excused).
   std::map<LaneKey, std::deque<PostId>> lane_history_;
   // Lanes where a producer died after its tail store and before its
   // doorbell, since the daemon last walked the lanes: nothing wakes the
@@ -1045,10 +1047,10 @@ void World::NotePublished(LaneKey k, uint64_t end, PostId id) {
   auto& q = lane_posts_[k];
   const ring::Ring r = ring_store_.Get(k.first);
   const uint64_t head = r.valid() ? r.head(k.second).load(std::memory_order_relaxed) : 0;
-  while (!q.empty() && (q.front().first <= head || q.size() > 4096)) q.pop_front();
+  while (!q.empty() && (q.front().first <= head || q.size() > kLanePostsKept)) q.pop_front();
   q.emplace_back(end, id);
   auto& h = lane_history_[k];
-  if (h.size() == 4096) h.pop_front();
+  if (h.size() == kLanePostsKept) h.pop_front();
   h.push_back(id);
   if (tainted_.count(k) != 0) posts_[id].ring_excused = true;
 }
@@ -1207,16 +1209,16 @@ void World::CheckRingPosts() {
     if (!p.ring || p.ring_excused || p.damaged) continue;
     auto l = ledger.find(id);
     if (l == ledger.end() || l->second.positions.empty()) continue;  // drains reports it
-    if (l->second.positions.size() > 1 && p.ring_reread_excused) {
-      stats_.Fault("exempt.ring_journaled_again_after_header_scribble");
-    } else if (l->second.positions.size() > 1) {
+    if (l->second.positions.size() > 1) {
       // A crash between the journal write and the head's move reads the
       // lane again; the dedupe set (its window and the two newest segments
       // a restart remembers) must catch it.
       const bool unremembered = std::any_of(
           l->second.positions.begin(), l->second.positions.end(),
           [this](const JournalPosition& q) { return unremembered_segments_.contains(q.segment_seq); });
-      if (unremembered) {
+      if (p.ring_reread_excused) {
+        stats_.Fault("exempt.ring_journaled_again_after_header_scribble");
+      } else if (unremembered) {
         // Its first copy is in a segment whose fdatasync failed at a start:
         // its id was not remembered, so as not to acknowledge the post on a
         // copy that may not be on disk (Daemon::RememberJournaledIds).
