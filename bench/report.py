@@ -206,6 +206,16 @@ def cost_table(c):
                      "bare SEQPACKET round trip, 280 B / 24 B: " + f(s.get("anchor_p50_us")),
                      x(s.get("ratio_p50_to_anchor")),
                      g.get(key, "not a goal: the daemon's path without the broker's work")))
+    busy = c.get("socket_cross", {})
+    if busy.get("busy_broker_anchor_p50_us") is not None:
+        rows.append(("socket post p50 µs, on two CPUs (the row above), against the anchor "
+                     "measured while the local broker is kept as busy",
+                     f(busy.get("p50_us")),
+                     "bare SEQPACKET round trip, 280 B / 24 B, while one rabbitmq-c publisher "
+                     "on the daemon's CPU keeps the broker busy: "
+                     + f(busy.get("busy_broker_anchor_p50_us")),
+                     x(busy.get("ratio_p50_to_busy_broker_anchor")),
+                     "not a goal: the broker's work on the same two CPUs, on both sides"))
     for key, label in (("socket_same", "until confirmed, same CPU"),
                        ("socket_cross", "until confirmed, cross CPU"),
                        ("socket_cross_no_broker", "cross CPU, no broker")):
@@ -218,6 +228,13 @@ def cost_table(c):
                      x(cpu / anchor if cpu and anchor else None),
                      g.get("daemon_cpu", "") if "no_broker" not in key else
                      "not a goal: without the forwarder's and the broker's work"))
+        busy_cpu = s.get("busy_broker_anchor_server_cpu_us_per_round_trip")
+        if busy_cpu is not None:
+            rows.append(("daemon CPU µs per socket post, until confirmed, cross CPU (the row "
+                         "above), against the anchor measured while the broker is kept as busy",
+                         f(cpu), "the bare server's CPU per round trip, the broker busy: "
+                         + f(busy_cpu), x(cpu / busy_cpu if cpu and busy_cpu else None),
+                         "not a goal: the broker's work on the same two CPUs, on both sides"))
     d = c.get("drain", {})
     if "skipped" in d:
         rows.append(("backlog drain", "skipped: " + d["skipped"], "", "", g.get("drain", "")))

@@ -50,6 +50,7 @@ def main():
         cost = figures.get("cost", {})
         for key, field in (("socket_same", "p50_us"), ("socket_cross", "anchor_p50_us"),
                            ("socket_cross", "broker_cpu_us_per_post"),
+                           ("socket_cross", "busy_broker_anchor_p50_us"),
                            ("socket_cross_no_broker", "p50_us"),
                            ("drain", "drain_posts_per_s"), ("process", "p50_ms"),
                            ("process", "daemon_cpu_us_per_post"),

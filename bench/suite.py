@@ -13,6 +13,7 @@ fails on one.
 """
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -384,6 +385,28 @@ class Suite:
             self.broker.reset()
         except RuntimeError as e:
             log("warning: emptying the queue failed (%s); going on" % e)
+
+    @contextlib.contextmanager
+    def broker_kept_busy(self, cpus):
+        """While inside: one rabbitmq-c publisher with confirms (`ceiling`,
+        window 1,000) pinned to `cpus` (the daemon's in the row it is the
+        anchor of) keeps our local broker as busy as a serial socket client's
+        posts do (it cannot keep up with either). An anchor measured inside
+        it has the broker's work on the same CPUs as the daemon's row; the
+        queue it filled is emptied after."""
+        self.broker.reset()
+        cpu_set = {int(c) for c in cpus.split(",")}
+        p = subprocess.Popen([self.tool, "ceiling", "--broker-url", self.broker.url, "--exchange",
+                              EXCHANGE, "--messages", "10000000", "--window", "1000"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             preexec_fn=lambda: os.sched_setaffinity(0, cpu_set))
+        try:
+            time.sleep(1.0)  # connected, its window full, the broker at work
+            yield
+        finally:
+            p.terminate()
+            p.wait()
+            self.reset_quietly()
 
     def ceiling(self, messages):
         self.broker.reset()
@@ -835,11 +858,17 @@ class Suite:
                 d = Daemon(self.a.postspoold, NO_BROKER_URL, "accepted")
                 d.start()
             try:
-                anchors, runs, cpu, broker_cpu = [], [], [], []
+                anchors, busy_anchors, runs, cpu, broker_cpu = [], [], [], [], []
                 for _ in range(sz["reps"]):
                     anchors.append(self.run_tool(
                         "pingpong", "--clients", 1, "--round-trips", sz["posts1"],
                         "--placement", placement, "--request-bytes", 280, "--reply-bytes", 24))
+                    if key == "socket_cross" and self.broker.own:
+                        with self.broker_kept_busy(daemon_cpus):
+                            busy_anchors.append(self.run_tool(
+                                "pingpong", "--clients", 1, "--round-trips", sz["posts1"],
+                                "--placement", placement, "--request-bytes", 280,
+                                "--reply-bytes", 24))
                     d.pin(daemon_cpus)
                     before = d.metrics().get("confirmed_total", 0)
                     cpu0, b0 = d.threads_cpu_s(), self.broker.cpu_s()
@@ -867,6 +896,14 @@ class Suite:
                 "anchor_server_cpu_us_per_round_trip": median(
                     a.get("server_cpu_us_per_round_trip") for a in anchors),
                 "runs": runs, "anchor_runs": anchors}
+            if busy_anchors:
+                b = summarize_runs(busy_anchors, "per_s")
+                out[key].update({
+                    "busy_broker_anchor_p50_us": b["p50"],
+                    "ratio_p50_to_busy_broker_anchor": ratio(s["p50"], b["p50"]),
+                    "busy_broker_anchor_server_cpu_us_per_round_trip": median(
+                        a.get("server_cpu_us_per_round_trip") for a in busy_anchors),
+                    "busy_broker_anchor_runs": busy_anchors})
         # A backlog's drain against one rabbitmq-c publisher with confirms,
         # window 1,000, the same number of messages into an empty queue.
         if self.broker.own:
