@@ -269,6 +269,12 @@ def cost_table(c):
            "| figure | postspool | anchor, same run | ratio | goal |", "|---|---|---|---|---|"]
     out += ["| %s |" % " | ".join(row) for row in rows]
     out.append("")
+    reps = len(c.get("socket_same", {}).get("runs", []))
+    if reps:
+        out.append("The socket rows: %d repetitions, each run measured right after its anchor; "
+                   "their p50 ratio is the median of the repetitions' ratios (the JSON also "
+                   "has the ratio of the median p50s, `ratio_of_median_p50s`)." % reps)
+        out.append("")
     return out
 
 

@@ -95,6 +95,15 @@ def ratio(a, b):
     return a / b if a is not None and b not in (None, 0) else None
 
 
+def paired_p50_ratio(runs, anchors):
+    """The median over repetitions of each run's p50 over its own anchor's,
+    measured just before it. On a VM whose speed changes for seconds at a
+    time, a pair measured back to back shares the machine's state; the
+    medians of each side, taken apart, can come from different states."""
+    return median(ratio(r["latency_us"]["p50"], a["latency_us"]["p50"])
+                  for r, a in zip(runs, anchors) if "latency_us" in r and "latency_us" in a)
+
+
 # ---------------------------------------------------------------------------
 # The broker, through `bench_tool broker` (reset / depth / stop / start).
 
@@ -310,24 +319,25 @@ class Suite:
             "smoke": dict(reps=1, posts1=300, posts8=100, posts64=10, pingpong=2000,
                           ceiling=2000, warmup=500, short=10, e2e_posts=300, outage_posts=200,
                           backlog=10000, conn_posts=3, retry_posts=200, syscall_posts=200,
-                          drain=10000, spawn=10, ring_posts=2000, profile_posts=100),
+                          drain=10000, spawn=10, ring_posts=2000, profile_posts=100,
+                          cost_reps=1),
             "quick": dict(reps=3, posts1=5000, posts8=2000, posts64=200, pingpong=10000,
                           ceiling=20000, warmup=5000, short=100, e2e_posts=2500,
                           outage_posts=3000, backlog=100000, conn_posts=25, retry_posts=2000,
                           syscall_posts=2000, drain=100000, spawn=100, ring_posts=50000,
-                          profile_posts=5000),
+                          profile_posts=5000, cost_reps=5),
             "full": dict(reps=3, posts1=20000, posts8=5000, posts64=500, pingpong=20000,
                          ceiling=50000, warmup=5000, short=300, e2e_posts=5000,
                          outage_posts=5000, backlog=1000000, conn_posts=50, retry_posts=5000,
                          syscall_posts=5000, drain=100000, spawn=100, ring_posts=200000,
-                         profile_posts=20000),
+                         profile_posts=20000, cost_reps=5),
         }[q]
         if args.backlog is not None:
             self.sz["backlog"] = args.backlog
         self.outage_s = args.outage_s if args.outage_s is not None else \
             {"smoke": 2.0, "quick": 10.0, "full": 20.0}[q]
         if args.reps is not None:
-            self.sz["reps"] = args.reps
+            self.sz["reps"] = self.sz["cost_reps"] = args.reps
         self.post_bytes = None
 
     # -- helpers ------------------------------------------------------------
@@ -859,7 +869,7 @@ class Suite:
                 d.start()
             try:
                 anchors, busy_anchors, runs, cpu, broker_cpu = [], [], [], [], []
-                for _ in range(sz["reps"]):
+                for _ in range(sz["cost_reps"]):
                     anchors.append(self.run_tool(
                         "pingpong", "--clients", 1, "--round-trips", sz["posts1"],
                         "--placement", placement, "--request-bytes", 280, "--reply-bytes", 24))
@@ -890,7 +900,8 @@ class Suite:
             a = summarize_runs(anchors, "per_s")
             out[key] = {
                 "p50_us": s["p50"], "anchor_p50_us": a["p50"],
-                "ratio_p50_to_anchor": ratio(s["p50"], a["p50"]),
+                "ratio_p50_to_anchor": paired_p50_ratio(runs, anchors),
+                "ratio_of_median_p50s": ratio(s["p50"], a["p50"]),
                 "daemon_cpu_us_per_post": median(cpu),
                 "broker_cpu_us_per_post": median(broker_cpu),
                 "anchor_server_cpu_us_per_round_trip": median(
@@ -900,7 +911,7 @@ class Suite:
                 b = summarize_runs(busy_anchors, "per_s")
                 out[key].update({
                     "busy_broker_anchor_p50_us": b["p50"],
-                    "ratio_p50_to_busy_broker_anchor": ratio(s["p50"], b["p50"]),
+                    "ratio_p50_to_busy_broker_anchor": paired_p50_ratio(runs, busy_anchors),
                     "busy_broker_anchor_server_cpu_us_per_round_trip": median(
                         a.get("server_cpu_us_per_round_trip") for a in busy_anchors),
                     "busy_broker_anchor_runs": busy_anchors})
