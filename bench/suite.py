@@ -868,17 +868,16 @@ class Suite:
                 d = Daemon(self.a.postspoold, NO_BROKER_URL, "accepted")
                 d.start()
             try:
+                def bare_round_trip():
+                    return self.run_tool(
+                        "pingpong", "--clients", 1, "--round-trips", sz["posts1"],
+                        "--placement", placement, "--request-bytes", 280, "--reply-bytes", 24)
                 anchors, busy_anchors, runs, cpu, broker_cpu = [], [], [], [], []
                 for _ in range(sz["cost_reps"]):
-                    anchors.append(self.run_tool(
-                        "pingpong", "--clients", 1, "--round-trips", sz["posts1"],
-                        "--placement", placement, "--request-bytes", 280, "--reply-bytes", 24))
+                    anchors.append(bare_round_trip())
                     if key == "socket_cross" and self.broker.own:
                         with self.broker_kept_busy(daemon_cpus):
-                            busy_anchors.append(self.run_tool(
-                                "pingpong", "--clients", 1, "--round-trips", sz["posts1"],
-                                "--placement", placement, "--request-bytes", 280,
-                                "--reply-bytes", 24))
+                            busy_anchors.append(bare_round_trip())
                     d.pin(daemon_cpus)
                     before = d.metrics().get("confirmed_total", 0)
                     cpu0, b0 = d.threads_cpu_s(), self.broker.cpu_s()
